@@ -1,0 +1,507 @@
+"""The admin's configuration file (``/etc/slurm-recovery/config.toml``): found, read, checked.
+
+The schema is one table, :data:`KEYS`; docs/configuration.md and etc/config.toml document every
+row of it (a unit test holds them to that). Every problem becomes a :class:`ConfigError` naming the
+file, the dotted key, what is wrong and how to fix it: a typo in admin config is never ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
+
+#: Where the RPM installs the file; read when neither a path nor the variable names another.
+DEFAULT_CONFIG_PATH = Path("/etc/slurm-recovery/config.toml")
+#: Environment variable naming the config file; an explicit path (``--config``) wins over it.
+CONFIG_ENV_VAR = "SRECOVERY_CONFIG"
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used. One line per problem, each naming file, key and fix."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems: tuple[str, ...] = problems
+
+
+# --------------------------------------------------------------------------------- durations
+
+#: Units a duration string may use, in seconds.
+DURATION_UNITS: dict[str, Decimal] = {
+    "ms": Decimal("0.001"),
+    "s": Decimal(1),
+    "m": Decimal(60),
+    "h": Decimal(3600),
+    "d": Decimal(86400),
+}
+_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"  # ASCII digits only
+_UNIT = "|".join(sorted(DURATION_UNITS, key=len, reverse=True))  # "ms" before "m"
+_PLAIN_SECONDS = re.compile(rf"\s*({_NUMBER})\s*")
+_DURATION = re.compile(rf"(?:\s*{_NUMBER}\s*(?:{_UNIT}))+\s*")
+_DURATION_PART = re.compile(rf"({_NUMBER})\s*({_UNIT})")
+_DURATION_HINT = (
+    'write a number of seconds (90) or a string with a unit ("90s", "5m", "1h30m"; '
+    "units: " + ", ".join(DURATION_UNITS) + ")"
+)
+
+
+def parse_duration(value: object) -> float:
+    """Seconds in ``value``: a number of seconds, or a string like ``"90s"``, ``"5m"``, ``"1h30m"``.
+
+    Raises :class:`ValueError` saying how to write a duration for anything else (negative,
+    infinite, not a number, unknown unit).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"must be a duration, not {type(value).__name__}; {_DURATION_HINT}")
+    if isinstance(value, int | float):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond float range
+            seconds = math.inf if value > 0 else -math.inf
+        if math.isnan(seconds):
+            raise ValueError(f"must be a number of seconds, not nan; {_DURATION_HINT}")
+    else:
+        plain = _PLAIN_SECONDS.fullmatch(value)
+        if plain:
+            total = Decimal(plain.group(1))
+        elif _DURATION.fullmatch(value):
+            total = sum(
+                (Decimal(n) * DURATION_UNITS[u] for n, u in _DURATION_PART.findall(value)),
+                Decimal(0),
+            )
+        else:
+            raise ValueError(f"not a duration; {_DURATION_HINT}")
+        seconds = float(total)  # inf when beyond float range
+    if seconds < 0:
+        raise ValueError(f"a duration cannot be negative; {_DURATION_HINT}")
+    if math.isinf(seconds):
+        raise ValueError(f"a duration must be finite; {_DURATION_HINT}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest usual spelling of ``seconds`` (``5400`` -> ``"1h30m"``, ``1.5`` -> ``"1.5s"``).
+
+    ``parse_duration(format_duration(x)) == x`` for every finite ``x >= 0``.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ValueError(f"not a number of seconds: {seconds!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"not a finite, non-negative number of seconds: {seconds!r}")
+    if seconds == int(seconds) and seconds < 2**53:
+        rest = int(seconds)
+        parts = []
+        for unit in ("d", "h", "m", "s"):
+            count, rest = divmod(rest, int(DURATION_UNITS[unit]))
+            if count:
+                parts.append(f"{count}{unit}")
+        return "".join(parts) or "0s"
+    # repr() is the shortest decimal that reads back as the same float; "f" avoids exponents.
+    return f"{Decimal(repr(float(seconds))):f}s"
+
+
+# --------------------------------------------------------------------------------- validators
+
+#: Checks one TOML value and returns it converted; raises ValueError("problem; fix") otherwise.
+Validator = Callable[[Any], Any]
+
+
+def _choice(*options: str) -> Validator:
+    listed = ", ".join(options)
+
+    def check(value: Any) -> str:
+        if not isinstance(value, str):
+            raise ValueError(f"must be a string, one of {listed}")
+        if value.lower() in options:
+            return value.lower()
+        close = difflib.get_close_matches(value.lower(), options, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"must be one of {listed}{hint}")
+
+    return check
+
+
+def _duration_above_zero(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"must be more than 0 seconds; {_DURATION_HINT}")
+    return seconds
+
+
+def _path_string(value: Any, *, empty_ok: bool) -> str:
+    if not isinstance(value, str):
+        raise ValueError('must be a string holding an absolute path, e.g. "/usr/bin"')
+    if value == "" and empty_ok:
+        return value
+    if "\0" in value:
+        raise ValueError("a path cannot contain a NUL character")
+    if not value.startswith("/"):
+        raise ValueError(
+            "must be an absolute path (starting with /): a relative one would depend on the "
+            "directory the service starts in" + ('; or "" for the default' if empty_ok else "")
+        )
+    return value
+
+
+def _optional_path(value: Any) -> str:
+    return _path_string(value, empty_ok=True)
+
+
+def _path(value: Any) -> Path:
+    return Path(_path_string(value, empty_ok=False))
+
+
+_CLUSTER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+def _cluster_name(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError('must be a string: the cluster\'s ClusterName, or "" to ask Slurm')
+    name = value.lower()  # Slurm itself maps ClusterName to lower case
+    if name and not _CLUSTER_NAME.fullmatch(name):
+        raise ValueError(
+            "must be a Slurm ClusterName (letters, digits, '.', '_' and '-', starting with a "
+            'letter or digit), or "" to take ClusterName from Slurm'
+        )
+    return name
+
+
+# --------------------------------------------------------------------------------- the schema
+
+
+@dataclass(frozen=True)
+class Key:
+    """One setting: where it lives, its type and default (as written in TOML), what it means."""
+
+    section: str
+    name: str
+    type: str  # as an admin reads it in docs/configuration.md
+    default: Any  # the TOML value; ``validator(default)`` is the value the program uses
+    doc: str
+    validator: Validator
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.section}.{self.name}"
+
+
+#: Every setting there is. docs/configuration.md and etc/config.toml document each one.
+KEYS: tuple[Key, ...] = (
+    Key(
+        "cluster",
+        "name",
+        "string",
+        "",
+        "Name of this cluster in job-attempt keys (cluster, job id, restart count). Empty: take "
+        "ClusterName from Slurm. Mapped to lower case, as Slurm does.",
+        _cluster_name,
+    ),
+    Key(
+        "scheduler",
+        "backend",
+        "one of auto, scontrol, pyslurm",
+        "auto",
+        "How slurm-recovery talks to Slurm. auto: pyslurm if it imports and matches the running "
+        "Slurm, else scontrol. scontrol: the squeue/sinfo/scontrol commands with --json (any "
+        "Slurm since 21.08). pyslurm: the pyslurm library only; an error if it cannot be used.",
+        _choice("auto", "scontrol", "pyslurm"),
+    ),
+    Key(
+        "scheduler",
+        "command_timeout",
+        "duration, more than 0",
+        15,
+        "Longest wait for any one Slurm call. If slurmctld does not answer within it, the call "
+        "fails with an 'unreachable' error instead of hanging.",
+        _duration_above_zero,
+    ),
+    Key(
+        "scheduler",
+        "slurm_bin_dir",
+        "absolute path, or empty",
+        "",
+        "Directory holding squeue, sinfo, scontrol and scancel. Empty: search PATH.",
+        _optional_path,
+    ),
+    Key(
+        "scheduler",
+        "slurm_conf",
+        "absolute path, or empty",
+        "",
+        "slurm.conf to use, passed to the Slurm commands as SLURM_CONF. Empty: Slurm's own "
+        "choice ($SLURM_CONF if set, else the slurm.conf Slurm was built with).",
+        _optional_path,
+    ),
+    Key(
+        "store",
+        "path",
+        "absolute path",
+        "/var/lib/slurm-recovery/state.db",
+        "SQLite database holding incidents, advice and the audit trail. Its directory must "
+        "exist and be writable by the controller.",
+        _path,
+    ),
+    Key(
+        "log",
+        "level",
+        "one of debug, info, warning, error",
+        "info",
+        "Least severe message written to the log.",
+        _choice("debug", "info", "warning", "error"),
+    ),
+)
+
+_BY_DOTTED: dict[str, Key] = {key.dotted: key for key in KEYS}
+
+
+#: The value the program uses for each key ("scheduler.command_timeout" -> 15.0) when unset.
+DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {key.dotted: key.validator(key.default) for key in KEYS}
+)
+
+
+# --------------------------------------------------------------------------------- the object
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str = DEFAULTS["cluster.name"]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    backend: str = DEFAULTS["scheduler.backend"]
+    command_timeout: float = DEFAULTS["scheduler.command_timeout"]
+    slurm_bin_dir: str = DEFAULTS["scheduler.slurm_bin_dir"]
+    slurm_conf: str = DEFAULTS["scheduler.slurm_conf"]
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    path: Path = DEFAULTS["store.path"]
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = DEFAULTS["log.level"]
+
+
+@dataclass(frozen=True)
+class Config:
+    """The settings in force; ``source`` is the file they came from (None: all defaults)."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    source: Path | None = None
+
+
+#: Section name -> the dataclass holding its keys (field names are the key names).
+SECTIONS: Mapping[str, type] = MappingProxyType(
+    {
+        "cluster": ClusterConfig,
+        "scheduler": SchedulerConfig,
+        "store": StoreConfig,
+        "log": LogConfig,
+    }
+)
+
+
+# --------------------------------------------------------------------------------- loading
+
+
+def resolve_config_path(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> tuple[Path, str | None]:
+    """The file to read and what named it: explicit ``path`` > ``$SRECOVERY_CONFIG`` > default.
+
+    The second item is None for the default file (which may be absent), else a phrase for
+    error messages.
+    """
+    env = os.environ if env is None else env
+    if path is not None and str(path) != "":
+        return Path(path), "--config"
+    if env.get(CONFIG_ENV_VAR):
+        return Path(env[CONFIG_ENV_VAR]), f"${CONFIG_ENV_VAR}"
+    return DEFAULT_CONFIG_PATH, None
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Config:
+    """Read and check the config file chosen by :func:`resolve_config_path`.
+
+    A missing default file means all defaults; a missing file named by ``path`` or
+    ``$SRECOVERY_CONFIG`` is an error. Raises :class:`ConfigError` listing every problem.
+    """
+    file, named_by = resolve_config_path(path, env)
+    try:
+        text = _read_text(file)
+    except FileNotFoundError:
+        if named_by is None:
+            return Config()
+        raise ConfigError(
+            f"{file}: no such file (named by {named_by}); check the path, or create the file "
+            "(docs/configuration.md lists every key)"
+        ) from None
+    return config_from_toml(text, file)
+
+
+def config_from_toml(text: str, source: str | os.PathLike[str] | None = None) -> Config:
+    """Parse and check ``text``, the contents of the file ``source`` (named in every error)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(_syntax_problem(source or "config", text, exc)) from None
+    return config_from_dict(data, source)
+
+
+def _read_text(file: Path) -> str:
+    try:
+        with open(file, "rb") as fh:
+            _refuse_if_others_can_write(file, os.fstat(fh.fileno()))
+            raw = fh.read()
+    except FileNotFoundError:
+        raise
+    except IsADirectoryError:
+        raise ConfigError(f"{file}: is a directory; name the config file itself") from None
+    except PermissionError:
+        raise ConfigError(
+            f"{file}: permission denied; run as a user that can read it (root), or "
+            f"chmod o+r {file} if it holds nothing secret"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{file}:{line}: not UTF-8 text; TOML files must be UTF-8 (convert it with iconv)"
+        ) from None
+
+
+def _refuse_if_others_can_write(file: Path, st: os.stat_result) -> None:
+    """Whoever can edit this file decides which nodes are drained: refuse world-writable."""
+    if st.st_mode & stat.S_IWOTH:
+        raise ConfigError(
+            f"{file}: world-writable (mode {stat.S_IMODE(st.st_mode):04o}): any user could "
+            f"change what slurm-recovery does to jobs and nodes; fix: chmod o-w {file}"
+        )
+    folder = os.path.dirname(os.path.realpath(file))
+    try:
+        dst = os.stat(folder)
+    except OSError:
+        return
+    if dst.st_mode & stat.S_IWOTH and not dst.st_mode & stat.S_ISVTX:
+        raise ConfigError(
+            f"{file}: its directory {folder} is world-writable (mode "
+            f"{stat.S_IMODE(dst.st_mode):04o}): any user could replace the file; "
+            f"fix: chmod o-w {folder}"
+        )
+
+
+_TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
+
+
+def _syntax_problem(source: str | os.PathLike[str], text: str, exc: tomllib.TOMLDecodeError) -> str:
+    message = str(exc)
+    lineno = getattr(exc, "lineno", None)  # Python 3.14+
+    found = _TOML_POSITION.search(message)
+    if found:
+        lineno = int(found.group(1))
+        message = f"{message[: found.start()]} (column {found.group(2)})"
+    if lineno is None:  # "(at end of document)"
+        lineno = max(1, len(text.splitlines()))
+    problem = f"{source}:{lineno}: invalid TOML: {message}"
+    if message.startswith("Invalid value"):
+        problem += '; strings must be quoted, e.g. backend = "scontrol"'
+    lines = text.splitlines()
+    if 0 < lineno <= len(lines) and lines[lineno - 1].strip():
+        problem += f"\n    {lines[lineno - 1].strip()}"
+    return problem
+
+
+def config_from_dict(
+    data: Mapping[str, Any], source: str | os.PathLike[str] | None = None
+) -> Config:
+    """Check ``data`` (parsed TOML: section -> key -> value) and build the :class:`Config`.
+
+    ``source`` names the file in error messages and becomes ``Config.source``.
+    """
+    path = Path(source) if source is not None else None
+    label = str(path) if path is not None else "config"
+    problems: list[str] = []
+    values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    for section, table in data.items():
+        if section not in SECTIONS:
+            problems.append(_unknown_top_level(label, section, table))
+        elif not isinstance(table, Mapping):
+            problems.append(
+                f"{label}: {section} = {table!r}: {section} is a section; write [{section}] "
+                "on a line of its own and its keys below it"
+            )
+        else:
+            for name, value in table.items():
+                key = _BY_DOTTED.get(f"{section}.{name}")
+                if key is None:
+                    problems.append(_unknown_key(label, section, name))
+                    continue
+                try:
+                    values[section][name] = key.validator(value)
+                except ValueError as exc:
+                    problems.append(f"{label}: {key.dotted} = {value!r}: {exc}")
+    if problems:
+        raise ConfigError(*problems)
+    sections = {section: cls(**values[section]) for section, cls in SECTIONS.items()}
+    return Config(**sections, source=path)
+
+
+def _did_you_mean(candidates: list[str]) -> str:
+    return f"; did you mean {candidates[0]}?" if candidates else ""
+
+
+def _keys_named_like(name: str) -> list[str]:
+    """Dotted keys named ``name`` in any section, else the one whose name is closest to it."""
+    exact = [key.dotted for key in KEYS if key.name == name]
+    close = difflib.get_close_matches(name, [key.name for key in KEYS], n=1)
+    return exact or [key.dotted for key in KEYS if key.name in close][:1]
+
+
+def _unknown_key(source: str, section: str, name: str) -> str:
+    names = [key.name for key in KEYS if key.section == section]
+    same_section = [f"{section}.{n}" for n in difflib.get_close_matches(name, names, n=1)]
+    elsewhere = _keys_named_like(name)
+    exact_elsewhere = [dotted for dotted in elsewhere if dotted.endswith(f".{name}")]
+    candidates = exact_elsewhere or same_section or elsewhere
+    return (
+        f"{source}: {section}.{name}: unknown key{_did_you_mean(candidates)} "
+        f"(keys of [{section}]: {', '.join(names)})"
+    )
+
+
+def _unknown_top_level(source: str, name: str, value: Any) -> str:
+    sections = ", ".join(SECTIONS)
+    if isinstance(value, Mapping):
+        close = difflib.get_close_matches(name, list(SECTIONS), n=1)
+        hint = _did_you_mean([f"[{section}]" for section in close])
+        return f"{source}: [{name}]: unknown section{hint} (sections: {sections})"
+    return (
+        f"{source}: {name}: unknown key{_did_you_mean(_keys_named_like(name))} "
+        f"(every key belongs to a section: {sections})"
+    )

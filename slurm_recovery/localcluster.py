@@ -1,0 +1,583 @@
+"""A real Slurm cluster on one host: munged, slurmctld and N slurmd, for tests and the demo.
+
+Standard library only, so ``scripts/local-cluster`` runs before the project's venv exists.
+Each cluster lives in its own base directory with its own slurm.conf, ports, state, logs and
+its own munged socket, so two clusters on one host never share a process. ``down`` stops
+exactly the processes ``up`` started (recorded by pid, checked against their command line
+before any signal) and the slurmstepd they spawned (found by the SLURM_CONF in their
+environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DEFAULT_BASE = Path("/tmp/srecovery-cluster")
+DEFAULT_PORT_BASE = 17000
+STATE_FILE = "cluster.json"
+DEBIAN_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+MUNGE_KEY = Path("/etc/munge/munge.key")
+
+
+class ClusterError(RuntimeError):
+    """The local cluster could not be brought to the requested state."""
+
+
+@dataclass
+class ClusterSpec:
+    """What to run. Ports: slurmctld on ``port_base``, slurmd nI on ``port_base + I``."""
+
+    base: Path = DEFAULT_BASE
+    nodes: int = 4
+    port_base: int = DEFAULT_PORT_BASE
+    name: str = "srlocal"
+    cpus_per_node: int = 2
+    extra_conf: list[str] = field(default_factory=list)
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"n{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.base / "etc" / "slurm.conf"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.base / "munge" / "munge.socket"
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["base"] = str(self.base)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> ClusterSpec:
+        return cls(**{**data, "base": Path(data["base"])})
+
+
+# --- configuration ---------------------------------------------------------------------
+
+
+def render_slurm_conf(spec: ClusterSpec, hostname: str) -> str:
+    """slurm.conf for ``spec``: several slurmd on this host, every port on loopback."""
+    b = spec.base
+    last = spec.port_base + spec.nodes
+    lines = [
+        "# Written by scripts/local-cluster; rewritten on every `up`.",
+        f"ClusterName={spec.name}",
+        f"SlurmctldHost={hostname}(127.0.0.1)",
+        f"SlurmctldPort={spec.port_base}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={spec.munge_socket}",
+        f"StateSaveLocation={b}/state",
+        f"SlurmdSpoolDir={b}/spool/%n",
+        f"SlurmctldPidFile={b}/run/slurmctld.pid",
+        f"SlurmdPidFile={b}/run/slurmd-%n.pid",
+        f"SlurmctldLogFile={b}/log/slurmctld.log",
+        f"SlurmdLogFile={b}/log/slurmd-%n.log",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_CPU",
+        "SchedulerType=sched/backfill",
+        "MpiDefault=none",
+        "ReturnToService=2",
+        "KillWait=5",
+        "MinJobAge=600",
+        "SlurmctldTimeout=30",
+        "SlurmdTimeout=60",
+        *spec.extra_conf,
+        f"NodeName=n[1-{spec.nodes}] NodeHostname={hostname} NodeAddr=127.0.0.1 "
+        f"Port=[{spec.port_base + 1}-{last}] CPUs={spec.cpus_per_node} RealMemory=1000 "
+        "State=UNKNOWN",
+        f"PartitionName=debug Nodes=n[1-{spec.nodes}] Default=YES MaxTime=INFINITE State=UP",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _reap(pid: int) -> None:
+    """Collect our own exited child so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _alive(pid: int, must_contain: str) -> bool:
+    """pid runs and its command line contains ``must_contain`` (guards against pid reuse)."""
+    if pid <= 0:
+        return False
+    _reap(pid)
+    if _is_zombie(pid):
+        return False
+    return must_contain in " ".join(_cmdline(pid))
+
+
+def _stop(pid: int, must_contain: str, timeout: float = 10.0) -> bool:
+    """SIGTERM, then SIGKILL after ``timeout``; only if the pid is still what we started."""
+    if not _alive(pid, must_contain):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid, must_contain):
+            return True
+        time.sleep(0.05)
+    if _alive(pid, must_contain):
+        os.kill(pid, signal.SIGKILL)
+        while _alive(pid, must_contain):
+            time.sleep(0.05)
+    return True
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid for every process."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def _job_pids(spec: ClusterSpec) -> list[int]:
+    """slurmstepd spawned by this cluster's slurmd (they inherit its SLURM_CONF) and the
+    job processes under them, children first."""
+    parents = _parents()
+    stepds = [
+        pid
+        for pid in parents
+        if " ".join(_cmdline(pid)).startswith("slurmstepd")
+        and _environ(pid).get("SLURM_CONF") == str(spec.slurm_conf)
+    ]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    ordered: list[int] = []
+
+    def walk(pid: int) -> None:
+        for child in children.get(pid, []):
+            walk(child)
+        ordered.append(pid)
+
+    for pid in stepds:
+        walk(pid)
+    return ordered
+
+
+def _spawn(argv: list[str], log: Path, env: dict[str, str], user: str | None = None) -> int:
+    """Start a daemon in its own session; the pid returned is the daemon itself."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            user=user,
+            group=user,
+            extra_groups=[] if user else None,
+        )
+    return proc.pid
+
+
+# --- state -----------------------------------------------------------------------------
+
+
+def _load_state(base: Path) -> dict | None:
+    path = base / STATE_FILE
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def _save_state(base: Path, state: dict) -> None:
+    tmp = base / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    tmp.replace(base / STATE_FILE)
+
+
+def slurm_env(spec: ClusterSpec) -> dict[str, str]:
+    """The environment for Slurm commands against this cluster."""
+    return {**os.environ, "SLURM_CONF": str(spec.slurm_conf)}
+
+
+# --- install and munge -----------------------------------------------------------------
+
+
+def ensure_packages() -> None:
+    """Install Debian's Slurm and munge when any of their programs is missing."""
+    if all(shutil.which(p) for p in ("slurmctld", "slurmd", "sinfo", "munged")):
+        return
+    if os.geteuid() != 0:
+        raise ClusterError(
+            "slurmctld/slurmd/munged are missing and installing them needs root: "
+            f"apt-get install {' '.join(DEBIAN_PACKAGES)}"
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-q", *DEBIAN_PACKAGES], check=True, env=env)
+
+
+def _prepare_munge_dirs(spec: ClusterSpec) -> None:
+    munge = pwd.getpwnam("munge")
+    mdir = spec.munge_socket.parent
+    mdir.mkdir(parents=True, exist_ok=True)
+    os.chown(mdir, munge.pw_uid, munge.pw_gid)
+    mdir.chmod(0o755)
+    # The Debian package leaves these for the system munged; fix them as munged demands.
+    for path in (Path("/etc/munge"), Path("/var/lib/munge"), Path("/var/log/munge")):
+        if path.exists():
+            os.chown(path, munge.pw_uid, munge.pw_gid)
+    if not MUNGE_KEY.exists():
+        subprocess.run(["mungekey", "--create", f"--keyfile={MUNGE_KEY}"], check=True)
+        os.chown(MUNGE_KEY, munge.pw_uid, munge.pw_gid)
+        MUNGE_KEY.chmod(0o600)
+
+
+def _munge_works(spec: ClusterSpec) -> bool:
+    sock = str(spec.munge_socket)
+    try:
+        cred = subprocess.run(
+            ["munge", "-n", "-S", sock], capture_output=True, timeout=5, check=True
+        ).stdout
+        subprocess.run(
+            ["unmunge", "-S", sock], input=cred, capture_output=True, timeout=5, check=True
+        )
+    except (subprocess.SubprocessError, OSError):
+        return False
+    return True
+
+
+# --- slurm queries ---------------------------------------------------------------------
+
+
+def node_states(spec: ClusterSpec) -> dict[str, str]:
+    """``{"n1": "idle", ...}`` as sinfo reports them (lower-case, ``*`` when not responding)."""
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t"],
+            env=slurm_env(spec),
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except subprocess.TimeoutExpired:
+        return {}
+    if out.returncode != 0:
+        return {}
+    states = {}
+    for line in out.stdout.splitlines():
+        name, _, state = line.partition(" ")
+        states[name] = state.strip()
+    return states
+
+
+def _wait_for_nodes(spec: ClusterSpec, timeout: float) -> dict[str, str]:
+    """Until every node answers (idle, or busy with work): a fresh cluster is all idle."""
+    ready = {"idle", "alloc", "mix", "drain", "drng", "comp"}
+    deadline = time.monotonic() + timeout
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        states = node_states(spec)
+        if len(states) == spec.nodes and all(s in ready for s in states.values()):
+            return states
+        time.sleep(0.2)
+    raise ClusterError(
+        f"nodes not ready after {timeout:.0f}s: {states or 'slurmctld not answering'}; "
+        f"see logs in {spec.base / 'log'}"
+    )
+
+
+# --- the commands ----------------------------------------------------------------------
+
+
+def up(spec: ClusterSpec, timeout: float = 90.0, keep_state: bool = False) -> ClusterSpec:
+    """Start whatever is not running yet; harmless when the cluster is already up."""
+    if os.geteuid() != 0:
+        raise ClusterError("the local cluster runs slurmd as root: run as root")
+    ensure_packages()
+    state = _load_state(spec.base)
+    if state is not None:
+        recorded = ClusterSpec.from_json(state["spec"])
+        if (recorded.nodes, recorded.port_base, recorded.name) != (
+            spec.nodes,
+            spec.port_base,
+            spec.name,
+        ) and any_running(recorded):
+            raise ClusterError(
+                f"a cluster with {recorded.nodes} nodes on port {recorded.port_base} is "
+                f"running in {spec.base}; run `down --base {spec.base}` first"
+            )
+    pids: dict[str, int] = dict(state["pids"]) if state else {}
+    for sub in ("etc", "state", "run", "log", "spool"):
+        (spec.base / sub).mkdir(parents=True, exist_ok=True)
+    for node in spec.node_names:
+        (spec.base / "spool" / node).mkdir(exist_ok=True)
+    spec.slurm_conf.write_text(render_slurm_conf(spec, socket.gethostname()))
+    env = slurm_env(spec)
+    log = spec.base / "log"
+
+    def save() -> None:
+        _save_state(spec.base, {"spec": spec.to_json(), "pids": pids})
+
+    if not _alive(pids.get("munged", 0), "munged"):
+        _prepare_munge_dirs(spec)
+        spec.munge_socket.unlink(missing_ok=True)
+        pids["munged"] = _spawn(
+            [
+                "munged",
+                "--foreground",
+                f"--socket={spec.munge_socket}",
+                f"--pid-file={spec.munge_socket.parent / 'munged.pid'}",
+                f"--seed-file={spec.munge_socket.parent / 'munged.seed'}",
+            ],
+            log / "munged.log",
+            env,
+            user="munge",
+        )
+        save()
+        _wait(lambda: _munge_works(spec), 10, "munged did not start", log / "munged.log")
+
+    if not _alive(pids.get("slurmctld", 0), "slurmctld"):
+        argv = ["slurmctld", "-D", "-f", str(spec.slurm_conf)]
+        if not keep_state:
+            argv.append("-c")  # a fresh cluster: no jobs or drains from an earlier run
+        pids["slurmctld"] = _spawn(argv, log / "slurmctld.out", env)
+        save()
+        _wait(
+            lambda: _controller_answers(spec),
+            30,
+            "slurmctld did not answer",
+            log / "slurmctld.log",
+        )
+
+    for node in spec.node_names:
+        key = f"slurmd:{node}"
+        if not _alive(pids.get(key, 0), f"-N {node}"):
+            pids[key] = _spawn(
+                ["slurmd", "-D", "-N", node, "-f", str(spec.slurm_conf)],
+                log / f"slurmd-{node}.out",
+                env,
+            )
+    save()
+    _wait_for_nodes(spec, timeout)
+    return spec
+
+
+def _controller_answers(spec: ClusterSpec) -> bool:
+    return (
+        subprocess.run(
+            ["scontrol", "ping"], env=slurm_env(spec), capture_output=True, timeout=10
+        ).returncode
+        == 0
+    )
+
+
+def _wait(check, timeout: float, what: str, logfile: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    tail = ""
+    if logfile.exists():
+        tail = "\n".join(logfile.read_text(errors="replace").splitlines()[-15:])
+    raise ClusterError(f"{what} within {timeout:.0f}s; last lines of {logfile}:\n{tail}")
+
+
+def _processes(spec: ClusterSpec, pids: dict[str, int]) -> list[tuple[str, int, str]]:
+    """(label, pid, text that must be in its command line) for every recorded process."""
+    rows = []
+    for label, pid in pids.items():
+        if label == "munged":
+            rows.append((label, pid, "munged"))
+        elif label == "slurmctld":
+            rows.append((label, pid, "slurmctld"))
+        else:
+            node = label.split(":", 1)[1]
+            rows.append((label, pid, f"-N {node}"))
+    return rows
+
+
+def any_running(spec: ClusterSpec) -> bool:
+    state = _load_state(spec.base)
+    if not state:
+        return False
+    return any(_alive(pid, must) for _, pid, must in _processes(spec, state["pids"]))
+
+
+def stop_slurmctld(base: Path) -> None:
+    """Stop only slurmctld (to test what happens while the controller is down)."""
+    state = _require_state(base)
+    _stop(state["pids"].get("slurmctld", 0), "slurmctld")
+
+
+def down(base: Path) -> list[str]:
+    """Stop every process this cluster started; returns what was stopped."""
+    state = _load_state(base)
+    if state is None:
+        return []
+    spec = ClusterSpec.from_json(state["spec"])
+    stopped = []
+    rows = _processes(spec, state["pids"])
+    order = {"slurmd": 0, "slurmctld": 1, "munged": 2}  # munged last: the others need it
+    for label, pid, must in sorted(rows, key=lambda r: order[r[0].split(":")[0]]):
+        if _stop(pid, must):
+            stopped.append(f"{label} (pid {pid})")
+    for pid in _job_pids(spec):  # steps outlive slurmd; their jobs must not outlive `down`
+        label = " ".join(_cmdline(pid)) or "?"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            stopped.append(f"{label} (pid {pid})")
+    _save_state(base, {"spec": spec.to_json(), "pids": {}})
+    return stopped
+
+
+def _require_state(base: Path) -> dict:
+    state = _load_state(base)
+    if state is None:
+        raise ClusterError(f"no local cluster in {base} (run `up` first)")
+    return state
+
+
+def status(base: Path) -> dict:
+    state = _require_state(base)
+    spec = ClusterSpec.from_json(state["spec"])
+    procs = {
+        label: {"pid": pid, "running": _alive(pid, must)}
+        for label, pid, must in _processes(spec, state["pids"])
+    }
+    return {
+        "base": str(base),
+        "slurm_conf": str(spec.slurm_conf),
+        "processes": procs,
+        "nodes": node_states(spec) if procs.get("slurmctld", {}).get("running") else {},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="local-cluster",
+        description="A real Slurm cluster (munged, slurmctld, N slurmd) on this host.",
+    )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=DEFAULT_BASE,
+        help=f"directory for config, state and logs (default {DEFAULT_BASE})",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="start the cluster (idempotent) and print SLURM_CONF")
+    p_up.add_argument("--nodes", type=int, default=4, help="number of slurmd, named n1..nN")
+    p_up.add_argument(
+        "--port-base",
+        type=int,
+        default=DEFAULT_PORT_BASE,
+        help="slurmctld port; slurmd nI listens on port-base+I",
+    )
+    p_up.add_argument("--name", default="srlocal", help="ClusterName")
+    p_up.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="extra slurm.conf line (repeatable)",
+    )
+    p_up.add_argument(
+        "--keep-state", action="store_true", help="keep jobs and node states from the last run"
+    )
+    p_up.add_argument("--timeout", type=float, default=90.0)
+    sub.add_parser("down", help="stop every process the cluster started")
+    sub.add_parser("status", help="processes and node states, as JSON")
+    sub.add_parser("env", help="print the export line for SLURM_CONF")
+    args = parser.parse_args(argv)
+    base = args.base.resolve()
+    try:
+        if args.command == "up":
+            if not 1 <= args.nodes <= 64:
+                parser.error("--nodes must be between 1 and 64")
+            spec = up(
+                ClusterSpec(
+                    base=base,
+                    nodes=args.nodes,
+                    port_base=args.port_base,
+                    name=args.name,
+                    extra_conf=args.conf,
+                ),
+                timeout=args.timeout,
+                keep_state=args.keep_state,
+            )
+            print(f"cluster {spec.name} up: {spec.nodes} nodes answering", file=sys.stderr)
+            print(f"export SLURM_CONF={spec.slurm_conf}")
+        elif args.command == "down":
+            for item in down(base):
+                print(f"stopped {item}")
+        elif args.command == "status":
+            print(json.dumps(status(base), indent=2))
+        elif args.command == "env":
+            spec = ClusterSpec.from_json(_require_state(base)["spec"])
+            print(f"export SLURM_CONF={spec.slurm_conf}")
+    except ClusterError as exc:
+        print(f"local-cluster: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

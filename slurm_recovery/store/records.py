@@ -1,0 +1,171 @@
+"""The records the store keeps, as frozen dataclasses: Evidence in; incidents, advice,
+actions, milestones, node state and job attempts out. Payloads are JSON objects."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .attempts import JobAttempt
+from .values import (
+    check_int,
+    check_optional_int,
+    check_optional_time,
+    check_payload,
+    check_text,
+    check_time,
+)
+
+#: Milestones of an incident in the order they normally happen. Any other lower-case name is
+#: accepted too, so later code can add its own without a schema change.
+MILESTONES = ("failure", "detected", "decided", "action", "running_again")
+
+#: How a scheduler step ended: done, refused or failed, or not needed (already in place).
+ACTION_RESULTS = ("ok", "failed", "skipped")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A fact from a source (sidecar, hook, scheduler), timestamped, attributed where known to a
+    node, a GPU and a job attempt (an :class:`AttemptRecord` id)."""
+
+    source: str
+    kind: str
+    observed_at: float
+    node: str | None = None
+    gpu: int | None = None
+    attempt_id: int | None = None
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_text(self.source, "Evidence.source")
+        check_text(self.kind, "Evidence.kind")
+        object.__setattr__(self, "observed_at", check_time(self.observed_at, "Evidence.observed_at"))
+        if self.node is not None:
+            check_text(self.node, "Evidence.node")
+        check_optional_int(self.gpu, "Evidence.gpu")
+        check_optional_int(self.attempt_id, "Evidence.attempt_id", minimum=1)
+        payload_json = check_payload(self.payload, "Evidence.payload")
+        object.__setattr__(self, "payload", json.loads(payload_json))
+
+    @property
+    def payload_json(self) -> str:
+        return check_payload(self.payload, "Evidence.payload")
+
+
+@dataclass(frozen=True)
+class EvidenceRecord:
+    """Stored evidence: its id, when the store received it, and the evidence itself."""
+
+    id: int
+    received_at: float
+    evidence: Evidence
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """A job attempt the store knows. Attempts of one submission and its requeues share a
+    ``history_id``; a reused job id gets a new one."""
+
+    id: int
+    history_id: int
+    attempt: JobAttempt
+    first_seen_at: float
+
+
+@dataclass(frozen=True)
+class Incident:
+    """A job attempt in trouble (``kind``: crash, hang, straggler ...), open until closed with
+    an ``outcome``."""
+
+    id: int
+    attempt_id: int
+    kind: str
+    opened_at: float
+    summary: str = ""
+    closed_at: float | None = None
+    outcome: str | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self.closed_at is None
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What should happen for an incident and why; generation 1, 2, ... per incident, each new
+    generation superseding the previous one. ``verdict`` is the attribution (class, implicated
+    nodes, confidence ...); ``evidence_ids`` the evidence it rests on."""
+
+    id: int
+    incident_id: int
+    generation: int
+    created_at: float
+    decision: str
+    reason: str
+    verdict: dict[str, Any] = field(default_factory=dict)
+    evidence_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Action:
+    """A scheduler step taken (or found already done) on behalf of an advice, with its result."""
+
+    id: int
+    advice_id: int | None
+    step: str
+    target: str
+    result: str
+    started_at: float
+    finished_at: float
+    params: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What the tool itself keeps about a node: whether it drained it and why, and how often the
+    node was implicated in incidents (the lemon counters)."""
+
+    name: str
+    updated_at: float
+    drained_by_tool: bool = False
+    drain_reason: str = ""
+    drained_at: float | None = None
+    implicated_count: int = 0
+    last_implicated_at: float | None = None
+
+    def __post_init__(self) -> None:
+        check_text(self.name, "NodeState.name")
+        object.__setattr__(self, "updated_at", check_time(self.updated_at, "NodeState.updated_at"))
+        if not isinstance(self.drained_by_tool, bool):
+            raise ValueError(
+                f"NodeState.drained_by_tool must be True or False, got {self.drained_by_tool!r}"
+            )
+        check_text(self.drain_reason, "NodeState.drain_reason", allow_empty=True)
+        if self.drained_by_tool and not self.drain_reason.strip():
+            raise ValueError("NodeState.drain_reason must say why when drained_by_tool is True")
+        object.__setattr__(
+            self, "drained_at", check_optional_time(self.drained_at, "NodeState.drained_at")
+        )
+        check_int(self.implicated_count, "NodeState.implicated_count")
+        object.__setattr__(
+            self,
+            "last_implicated_at",
+            check_optional_time(self.last_implicated_at, "NodeState.last_implicated_at"),
+        )
+
+
+__all__ = [
+    "ACTION_RESULTS",
+    "MILESTONES",
+    "Action",
+    "Advice",
+    "AttemptRecord",
+    "Evidence",
+    "EvidenceRecord",
+    "Incident",
+    "NodeState",
+]

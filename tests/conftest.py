@@ -1,0 +1,87 @@
+"""Shared fixtures. ``local_cluster`` starts a real Slurm cluster (munged, slurmctld, 4 slurmd)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_recovery import localcluster
+
+NODES = 4
+
+
+def _free_port_block(count: int, start: int = 27000, stop: int = 60000) -> int:
+    """First port p with p..p+count-1 all free on loopback (so clusters never clash)."""
+    for base in range(start + (os.getpid() % 500) * 20, stop, count + 1):
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port block for the test cluster")
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[localcluster.ClusterSpec]:
+    """A real Slurm cluster for the whole session, stopped (every process) at the end."""
+    if os.geteuid() != 0:
+        pytest.fail("the integration tests start slurmd and munged: run them as root")
+    base = Path(tempfile.mkdtemp(prefix="srecovery-test-"))
+    base.chmod(0o755)  # munged (user munge) must reach its socket directory inside
+    spec = localcluster.ClusterSpec(
+        base=base, nodes=NODES, port_base=_free_port_block(NODES + 1), name="srtest"
+    )
+    localcluster.up(spec)
+    try:
+        yield spec
+    finally:
+        localcluster.down(base)
+
+
+@pytest.fixture
+def slurm_env(local_cluster: localcluster.ClusterSpec) -> dict[str, str]:
+    return localcluster.slurm_env(local_cluster)
+
+
+@pytest.fixture
+def submit(slurm_env: dict[str, str]) -> Iterator[Callable[..., int]]:
+    """``submit("-N2", "--wrap=sleep 600")`` -> job id; the test's jobs are cancelled after."""
+    jobs: list[int] = []
+
+    def _submit(*args: str) -> int:
+        out = subprocess.run(
+            ["sbatch", "--parsable", *args],
+            env=slurm_env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd="/tmp",
+        )
+        job_id = int(out.stdout.strip().split(";")[0])
+        jobs.append(job_id)
+        return job_id
+
+    yield _submit
+    if jobs:
+        subprocess.run(["scancel", *map(str, jobs)], env=slurm_env, capture_output=True)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.1):
+    """Poll until ``predicate()`` is truthy; returns it, or fails the test with its last value."""
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"condition not met within {timeout}s (last value: {value!r})")

@@ -1,0 +1,195 @@
+"""One contract for every scheduler backend, run against the real local Slurm cluster.
+
+The pyslurm backend runs only where pyslurm imports against a matching Slurm (never on
+Debian's 22.05): there its cases are reported as skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from slurm_recovery import localcluster
+from slurm_recovery.scheduler import (
+    InvalidRequest,
+    Scheduler,
+    UnknownJob,
+    UnknownNode,
+    Unreachable,
+    pyslurm_backend,
+)
+from slurm_recovery.scheduler.scontrol import ScontrolScheduler
+from tests.conftest import NODES, wait_for
+
+pytestmark = pytest.mark.cluster
+
+TIMEOUT = 5.0  # the bound on one Slurm call in these tests
+
+
+@pytest.fixture(params=["scontrol", "pyslurm"])
+def scheduler(request, local_cluster, monkeypatch) -> Scheduler:
+    monkeypatch.setenv("SLURM_CONF", str(local_cluster.slurm_conf))
+    if request.param == "scontrol":
+        return ScontrolScheduler(timeout=TIMEOUT, slurm_conf=str(local_cluster.slurm_conf))
+    ok, why = pyslurm_backend.available()
+    if not ok:
+        pytest.skip(f"pyslurm backend not testable here: {why}")
+    return pyslurm_backend.PyslurmScheduler()
+
+
+def running(scheduler: Scheduler, job_id: int):
+    job = scheduler.get_job(job_id)
+    return job if job.state == "RUNNING" else None
+
+
+def test_reads_cluster_and_nodes(scheduler: Scheduler, local_cluster):
+    assert scheduler.cluster_name() == "srtest"
+    version = subprocess.run(
+        ["sinfo", "--version"], capture_output=True, text=True, check=True
+    ).stdout.split()[-1]
+    assert scheduler.version() == version
+    nodes = {n.name: n for n in scheduler.list_nodes()}
+    assert sorted(nodes) == [f"n{i}" for i in range(1, NODES + 1)]
+    n2 = scheduler.get_node("n2")
+    assert n2 == nodes["n2"]
+    assert n2.partitions == ("debug",)
+    assert n2.state in {"IDLE", "ALLOCATED", "MIXED"}
+    assert not n2.drained
+
+
+def test_reads_a_running_multi_node_job(scheduler: Scheduler, submit):
+    before = int(time.time())
+    job_id = submit("-N2", "-J", "contract read", "-o", "out-%j-%x.log", "--wrap=sleep 600")
+    job = wait_for(lambda: running(scheduler, job_id))
+    assert job.job_id == job_id
+    assert job.name == "contract read"
+    assert job.user == "root"
+    assert job.partition == "debug"
+    assert len(job.nodes) == 2 == job.num_nodes
+    assert set(job.nodes) <= {f"n{i}" for i in range(1, NODES + 1)}
+    assert before - 1 <= job.submit_time <= time.time() + 1
+    assert job.restart_count == 0
+    assert job.excluded_nodes == frozenset()
+    assert not job.held
+    assert job.stdout_path == f"/tmp/out-{job_id}-contract read.log"
+    assert job_id in {j.job_id for j in scheduler.list_jobs()}
+
+
+def test_exit_codes_of_failed_jobs(scheduler: Scheduler, submit):
+    exited = submit("-N1", "--wrap=exit 3")
+    killed = submit("-N1", "--wrap=kill -9 $$")
+    failed = wait_for(lambda: (j := scheduler.get_job(exited)).state == "FAILED" and j)
+    assert (failed.exit_code.returncode, failed.exit_code.signal) == (3, 0)
+    signalled = wait_for(lambda: (j := scheduler.get_job(killed)).state == "FAILED" and j)
+    assert signalled.exit_code.signal == 9
+
+
+def test_requeue_hold_exclude_begin_now_release_runs_elsewhere(scheduler: Scheduler, submit):
+    """The recovery path: a running job goes back to pending away from its nodes, at once."""
+    job_id = submit("-N2", "--wrap=sleep 600")
+    first = wait_for(lambda: running(scheduler, job_id))
+    bad = first.nodes[0]
+
+    scheduler.requeue_hold(job_id)
+    held = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "PENDING" and j)
+    assert held.held
+    assert held.restart_count == 1
+
+    assert scheduler.add_excluded_nodes(job_id, [bad]) == {bad}
+    # Slurm replaces ExcNodeList on update; the backend must merge.
+    other = next(n for n in (f"n{i}" for i in range(1, NODES + 1)) if n not in first.nodes)
+    merged = scheduler.add_excluded_nodes(job_id, [other])
+    assert merged == {bad, other}
+    assert scheduler.get_job(job_id).excluded_nodes == {bad, other}
+    # Adding what is there already changes nothing and succeeds.
+    assert scheduler.add_excluded_nodes(job_id, [bad]) == {bad, other}
+
+    scheduler.set_begin_now(job_id)
+    assert scheduler.get_job(job_id).begin_time <= time.time() + 1
+    released_at = time.monotonic()
+    scheduler.release(job_id)
+    again = wait_for(lambda: running(scheduler, job_id), timeout=20)
+    assert time.monotonic() - released_at < 10, "BeginTime was not cleared (~121 s wait)"
+    assert not set(again.nodes) & {bad, other}
+    assert again.restart_count == 1
+    assert not again.held
+
+
+def test_exclusions_refused_on_a_running_job(scheduler: Scheduler, submit):
+    job_id = submit("-N1", "--wrap=sleep 600")
+    wait_for(lambda: running(scheduler, job_id))
+    with pytest.raises(InvalidRequest):
+        scheduler.add_excluded_nodes(job_id, ["n4"])
+    with pytest.raises(InvalidRequest):
+        scheduler.set_begin_now(job_id)
+
+
+def test_cancel_records_the_reason(scheduler: Scheduler, submit):
+    job_id = submit("-N1", "--wrap=sleep 600")
+    wait_for(lambda: running(scheduler, job_id))
+    scheduler.cancel(job_id, "application fault: CUDA illegal memory access on rank 3")
+    job = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "CANCELLED" and j)
+    assert job.admin_comment == (
+        "slurm-recovery: application fault: CUDA illegal memory access on rank 3"
+    )
+    with pytest.raises(InvalidRequest) as refused:
+        scheduler.release(job_id)
+    assert refused.value.slurm_message
+
+
+def test_drain_and_resume_with_reason_in_sinfo(scheduler: Scheduler, slurm_env):
+    hostile = 'xid 79 on gpu1\n; rm -rf / "$(id)" \x00 `reboot`'
+    scheduler.drain_node("n4", hostile)
+    try:
+        node = scheduler.get_node("n4")
+        assert node.drained
+        assert node.reason == 'xid 79 on gpu1 ; rm -rf / "$(id)" `reboot`'
+        sinfo = subprocess.run(
+            ["sinfo", "-R", "-h", "-o", "%N|%E"], env=slurm_env, capture_output=True, text=True
+        ).stdout
+        assert f"n4|{node.reason}" in sinfo.splitlines()
+    finally:
+        scheduler.resume_node("n4")
+    node = scheduler.get_node("n4")
+    assert not node.drained
+    assert node.state == "IDLE"
+    scheduler.resume_node("n4")  # resuming a node in service is a no-op, not an error
+
+
+def test_unknown_job_and_node_are_typed_errors(scheduler: Scheduler):
+    with pytest.raises(UnknownJob) as err:
+        scheduler.get_job(999_999)
+    assert "Invalid job id specified" in err.value.slurm_message
+    for step in (scheduler.requeue_hold, scheduler.release):
+        with pytest.raises(UnknownJob) as err:
+            step(999_999)
+        assert "Invalid job id specified" in err.value.slurm_message
+    with pytest.raises(UnknownJob):
+        scheduler.cancel(999_999, "test")
+    with pytest.raises(UnknownNode) as node_err:
+        scheduler.get_node("n99")
+    assert node_err.value.slurm_message
+    with pytest.raises(UnknownNode) as node_err:
+        scheduler.drain_node("n99", "test")
+    assert "Invalid node name specified" in node_err.value.slurm_message
+
+
+def test_slurmctld_down_is_unreachable_within_the_timeout(scheduler: Scheduler, local_cluster):
+    localcluster.stop_slurmctld(local_cluster.base)
+    try:
+        for call in (
+            lambda: scheduler.get_job(1),
+            scheduler.list_nodes,
+            lambda: scheduler.drain_node("n1", "test"),
+            lambda: scheduler.requeue_hold(1),
+        ):
+            started = time.monotonic()
+            with pytest.raises(Unreachable):
+                call()
+            # one call, plus at most one `scontrol ping` to tell a vague error apart
+            assert time.monotonic() - started < 2 * TIMEOUT + 1
+    finally:
+        localcluster.up(local_cluster, keep_state=True)
+    assert len(scheduler.list_nodes()) == NODES

@@ -1,0 +1,594 @@
+"""The config file: where it is found, what it accepts, how it refuses, and that the docs agree."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import tomllib
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from slurm_recovery import config
+from slurm_recovery.config import (
+    CONFIG_ENV_VAR,
+    DEFAULTS,
+    DURATION_UNITS,
+    KEYS,
+    SECTIONS,
+    ClusterConfig,
+    Config,
+    ConfigError,
+    LogConfig,
+    SchedulerConfig,
+    StoreConfig,
+    config_from_dict,
+    config_from_toml,
+    format_duration,
+    load_config,
+    parse_duration,
+    resolve_config_path,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "etc" / "config.toml"
+DOCS = REPO / "docs" / "configuration.md"
+
+
+def write(folder: Path, text: str, name: str = "config.toml") -> Path:
+    path = folder / name
+    path.write_text(text)
+    path.chmod(0o644)
+    return path
+
+
+@pytest.fixture
+def no_default_file(tmp_path, monkeypatch):
+    """Point the default location at a file that does not exist."""
+    missing = tmp_path / "etc-absent" / "config.toml"
+    monkeypatch.setattr(config, "DEFAULT_CONFIG_PATH", missing)
+    return missing
+
+
+def problems(excinfo: pytest.ExceptionInfo[ConfigError]) -> list[str]:
+    return list(excinfo.value.problems)
+
+
+# --------------------------------------------------------------------------------- finding
+
+
+def test_missing_default_file_means_all_defaults(no_default_file):
+    assert load_config(env={}) == Config()
+    assert load_config(env={}).source is None
+
+
+def test_default_file_is_read_when_nothing_else_is_named(tmp_path, monkeypatch):
+    default = write(tmp_path, '[log]\nlevel = "debug"\n')
+    monkeypatch.setattr(config, "DEFAULT_CONFIG_PATH", default)
+    loaded = load_config(env={})
+    assert loaded.log.level == "debug"
+    assert loaded.source == default
+
+
+def test_precedence_explicit_path_over_env_over_default(tmp_path, monkeypatch):
+    default = write(tmp_path, '[log]\nlevel = "error"\n', "default.toml")
+    from_env = write(tmp_path, '[log]\nlevel = "warning"\n', "env.toml")
+    explicit = write(tmp_path, '[log]\nlevel = "debug"\n', "explicit.toml")
+    monkeypatch.setattr(config, "DEFAULT_CONFIG_PATH", default)
+    env = {CONFIG_ENV_VAR: str(from_env)}
+
+    assert load_config(explicit, env=env).log.level == "debug"
+    assert load_config(str(explicit), env=env).source == explicit
+    assert load_config(None, env=env).log.level == "warning"
+    assert load_config(None, env={}).log.level == "error"
+    assert load_config(None, env={CONFIG_ENV_VAR: ""}).log.level == "error"
+
+
+def test_env_defaults_to_the_process_environment(tmp_path, monkeypatch):
+    from_env = write(tmp_path, '[log]\nlevel = "warning"\n')
+    monkeypatch.setenv(CONFIG_ENV_VAR, str(from_env))
+    assert load_config().log.level == "warning"
+
+
+def test_resolve_config_path_says_what_named_the_file(tmp_path, no_default_file):
+    assert resolve_config_path(tmp_path / "a.toml", {CONFIG_ENV_VAR: "/x"}) == (
+        tmp_path / "a.toml",
+        "--config",
+    )
+    assert resolve_config_path(None, {CONFIG_ENV_VAR: "/x"}) == (Path("/x"), "$SRECOVERY_CONFIG")
+    assert resolve_config_path("", {}) == (no_default_file, None)
+
+
+def test_missing_explicit_file_is_an_error(tmp_path, no_default_file):
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(missing, env={})
+    assert str(excinfo.value).startswith(f"{missing}: no such file (named by --config)")
+
+
+def test_missing_file_named_by_env_is_an_error(tmp_path, no_default_file):
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match=r"no such file \(named by \$SRECOVERY_CONFIG\)") as ei:
+        load_config(env={CONFIG_ENV_VAR: str(missing)})
+    assert str(missing) in str(ei.value)
+
+
+def test_a_directory_is_not_a_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path, env={})
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_file_names_the_file(tmp_path):
+    path = write(tmp_path, "")
+    path.chmod(0o000)
+    with pytest.raises(ConfigError, match="permission denied"):
+        load_config(path, env={})
+
+
+# --------------------------------------------------------------------------------- permissions
+
+
+def test_world_writable_file_is_refused(tmp_path):
+    path = write(tmp_path, '[log]\nlevel = "debug"\n')
+    path.chmod(0o666)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    message = str(excinfo.value)
+    assert message.startswith(f"{path}: world-writable (mode 0666)")
+    assert f"chmod o-w {path}" in message
+
+
+def test_group_writable_file_is_accepted(tmp_path):
+    path = write(tmp_path, '[log]\nlevel = "debug"\n')
+    path.chmod(0o664)
+    assert load_config(path, env={}).log.level == "debug"
+
+
+def test_file_in_world_writable_directory_is_refused(tmp_path):
+    folder = tmp_path / "open"
+    folder.mkdir()
+    path = write(folder, "")
+    folder.chmod(0o777)
+    with pytest.raises(ConfigError, match=rf"directory {re.escape(str(folder))} is world-writable"):
+        load_config(path, env={})
+
+
+def test_sticky_world_writable_directory_is_accepted(tmp_path):
+    folder = tmp_path / "sticky"
+    folder.mkdir()
+    path = write(folder, "")
+    folder.chmod(0o1777)
+    assert load_config(path, env={}) == Config(source=path)
+
+
+def test_world_writable_target_of_a_symlink_is_refused(tmp_path):
+    target = write(tmp_path, "", "real.toml")
+    target.chmod(0o646)
+    link = tmp_path / "link.toml"
+    link.symlink_to(target)
+    with pytest.raises(ConfigError, match="world-writable"):
+        load_config(link, env={})
+
+
+# --------------------------------------------------------------------------------- values
+
+
+def test_every_key_set(tmp_path):
+    path = write(
+        tmp_path,
+        """
+[cluster]
+name = "GPU-A"
+
+[scheduler]
+backend = "scontrol"
+command_timeout = "1m30s"
+slurm_bin_dir = "/opt/slurm/bin"
+slurm_conf = "/opt/slurm/etc/slurm.conf"
+
+[store]
+path = "/srv/srecovery/state.db"
+
+[log]
+level = "WARNING"
+""",
+    )
+    assert load_config(path, env={}) == Config(
+        cluster=ClusterConfig(name="gpu-a"),
+        scheduler=SchedulerConfig(
+            backend="scontrol",
+            command_timeout=90.0,
+            slurm_bin_dir="/opt/slurm/bin",
+            slurm_conf="/opt/slurm/etc/slurm.conf",
+        ),
+        store=StoreConfig(path=Path("/srv/srecovery/state.db")),
+        log=LogConfig(level="warning"),
+        source=path,
+    )
+
+
+def test_left_out_keys_take_their_defaults(tmp_path):
+    loaded = load_config(write(tmp_path, "[scheduler]\ncommand_timeout = 2.5\n"), env={})
+    assert loaded.scheduler.command_timeout == 2.5
+    assert loaded.scheduler.backend == "auto"
+    assert loaded.store == StoreConfig()
+    assert loaded.cluster.name == ""
+
+
+def test_dotted_keys_at_top_level_are_plain_toml(tmp_path):
+    loaded = load_config(write(tmp_path, 'scheduler.backend = "pyslurm"\n'), env={})
+    assert loaded.scheduler.backend == "pyslurm"
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().scheduler.backend = "pyslurm"  # type: ignore[misc]
+
+
+def test_bad_choice_names_file_key_value_and_the_choices(tmp_path):
+    path = write(tmp_path, '[scheduler]\nbackend = "slurmrest"\n')
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    assert isinstance(excinfo.value, ValueError)
+    assert problems(excinfo)[0].startswith(
+        f"{path}: scheduler.backend = 'slurmrest': must be one of auto, scontrol, pyslurm"
+    )
+
+
+def test_bad_choice_suggests_the_nearest(tmp_path):
+    path = write(tmp_path, '[log]\nlevel = "warn"\n')
+    with pytest.raises(ConfigError, match=r"log.level = 'warn': .* \(did you mean 'warning'\?\)"):
+        load_config(path, env={})
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("backend = 3", "scheduler.backend = 3: must be a string, one of auto"),
+        ("command_timeout = 0", "scheduler.command_timeout = 0: must be more than 0 seconds"),
+        ("command_timeout = -1", "scheduler.command_timeout = -1: a duration cannot be negative"),
+        ("command_timeout = 'soon'", "scheduler.command_timeout = 'soon': not a duration; write"),
+        ("command_timeout = true", "scheduler.command_timeout = True: must be a duration"),
+        ("command_timeout = inf", "scheduler.command_timeout = inf: a duration must be finite"),
+        ("command_timeout = nan", "scheduler.command_timeout = nan: must be a number of seconds"),
+        ("slurm_bin_dir = 'bin'", "scheduler.slurm_bin_dir = 'bin': must be an absolute path"),
+        ("slurm_conf = 5", "scheduler.slurm_conf = 5: must be a string holding an absolute path"),
+        ('slurm_conf = "/a\\u0000b"', "a path cannot contain a NUL character"),
+    ],
+)
+def test_bad_scheduler_values(tmp_path, line, expected):
+    path = write(tmp_path, f"[scheduler]\n{line}\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    assert problems(excinfo) == [problems(excinfo)[0]]
+    assert problems(excinfo)[0].startswith(f"{path}: ")
+    assert expected in problems(excinfo)[0]
+
+
+def test_store_path_must_be_absolute_and_not_empty(tmp_path):
+    for value in ("state.db", ""):
+        path = write(tmp_path, f'[store]\npath = "{value}"\n')
+        with pytest.raises(ConfigError, match=r"store\.path = .*: must be an absolute path"):
+            load_config(path, env={})
+
+
+@pytest.mark.parametrize("name", ["my cluster", "-a", "a/b", "ä"])
+def test_bad_cluster_names(tmp_path, name):
+    path = write(tmp_path, f"[cluster]\nname = {json.dumps(name)}\n")
+    with pytest.raises(ConfigError, match=r"cluster\.name = .*: must be a Slurm ClusterName"):
+        load_config(path, env={})
+
+
+def test_durations_in_the_file(tmp_path):
+    for text, seconds in [("'90s'", 90.0), ("'5m'", 300.0), ("'1h'", 3600.0), ("7", 7.0)]:
+        path = write(tmp_path, f"[scheduler]\ncommand_timeout = {text}\n")
+        assert load_config(path, env={}).scheduler.command_timeout == seconds
+
+
+# --------------------------------------------------------------------------------- unknown keys
+
+
+def test_misspelt_key_suggests_the_right_one(tmp_path):
+    path = write(tmp_path, "[scheduler]\ncomand_timeout = 5\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    assert problems(excinfo)[0].startswith(
+        f"{path}: scheduler.comand_timeout: unknown key; did you mean scheduler.command_timeout?"
+    )
+
+
+def test_key_in_the_wrong_section_suggests_its_section(tmp_path):
+    path = write(tmp_path, '[store]\nbackend = "scontrol"\n')
+    with pytest.raises(ConfigError, match=r"store\.backend: unknown key; did you mean sched"):
+        load_config(path, env={})
+
+
+def test_unknown_section_suggests_the_nearest(tmp_path):
+    path = write(tmp_path, '[logging]\nlevel = "debug"\n')
+    with pytest.raises(ConfigError, match=r"\[logging\]: unknown section; did you mean \[log\]\?"):
+        load_config(path, env={})
+
+
+def test_key_outside_any_section(tmp_path):
+    path = write(tmp_path, 'level = "debug"\nfrobnicate = 1\n')
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    assert problems(excinfo)[0].startswith(f"{path}: level: unknown key; did you mean log.level?")
+    assert problems(excinfo)[1].startswith(f"{path}: frobnicate: unknown key (every key belongs")
+
+
+def test_section_given_as_a_value(tmp_path):
+    path = write(tmp_path, 'log = "debug"\n')
+    with pytest.raises(ConfigError, match=r"log = 'debug': log is a section; write \[log\]"):
+        load_config(path, env={})
+
+
+def test_misspelt_key_in_the_wrong_section(tmp_path):
+    path = write(tmp_path, '[store]\nbakend = "scontrol"\n')
+    with pytest.raises(
+        ConfigError, match=r"store\.bakend: unknown key; did you mean scheduler\.backend\?"
+    ):
+        load_config(path, env={})
+
+
+def test_unknown_key_with_nothing_close(tmp_path):
+    path = write(tmp_path, "[store]\nzzz = 1\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    assert problems(excinfo) == [f"{path}: store.zzz: unknown key (keys of [store]: path)"]
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    path = write(
+        tmp_path,
+        '[scheduler]\nbackend = "x"\ncommand_timeout = 0\n[store]\npath = "rel"\n[logs]\n',
+    )
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    assert len(problems(excinfo)) == 4
+    assert str(excinfo.value) == "\n".join(problems(excinfo))
+    assert all(line.startswith(f"{path}: ") for line in problems(excinfo))
+
+
+# --------------------------------------------------------------------------------- syntax
+
+
+def test_syntax_error_names_file_and_line_and_shows_it(tmp_path):
+    path = write(tmp_path, "[scheduler]\n\nbackend = scontrol\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    message = str(excinfo.value)
+    assert message.startswith(f"{path}:3: invalid TOML: Invalid value (column 11)")
+    assert "strings must be quoted" in message
+    assert message.endswith("\n    backend = scontrol")
+
+
+def test_syntax_error_missing_equals(tmp_path):
+    path = write(tmp_path, '[log]\nlevel "debug"\n')
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:2: invalid TOML: Expected"):
+        load_config(path, env={})
+
+
+def test_syntax_error_at_end_of_document_names_the_last_line(tmp_path):
+    path = write(tmp_path, '[log]\nlevel = "debug\n')
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:2: invalid TOML"):
+        load_config(path, env={})
+
+
+def test_duplicate_key_is_a_syntax_error(tmp_path):
+    path = write(tmp_path, '[log]\nlevel = "debug"\nlevel = "info"\n')
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:3: invalid TOML"):
+        load_config(path, env={})
+
+
+def test_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('[cluster]\n# caf\u00e9\nname = ""\n'.encode("latin-1"))
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:2: not UTF-8 text"):
+        load_config(path, env={})
+
+
+def test_config_from_toml_and_dict_without_a_file():
+    assert config_from_toml('[log]\nlevel = "debug"\n').log.level == "debug"
+    assert config_from_dict({}) == Config()
+    with pytest.raises(ConfigError, match=r"^config: log\.level = 'loud'"):
+        config_from_dict({"log": {"level": "loud"}})
+    with pytest.raises(ConfigError, match=r"^config:1: invalid TOML"):
+        config_from_toml("[log\n")
+
+
+# --------------------------------------------------------------------------------- durations
+
+UNITS = sorted(DURATION_UNITS)
+
+
+@given(st.floats(min_value=0, allow_nan=False, allow_infinity=False))
+def test_duration_round_trip(seconds):
+    text = format_duration(seconds)
+    assert isinstance(text, str)
+    assert parse_duration(text) == seconds
+
+
+@given(st.integers(min_value=0, max_value=10**12))
+def test_whole_seconds_format_with_units(seconds):
+    text = format_duration(seconds)
+    assert re.fullmatch(r"(\d+d)?(\d+h)?(\d+m)?(\d+s)?", text)
+    assert parse_duration(text) == seconds
+
+
+@given(st.integers(min_value=0, max_value=10**9), st.sampled_from(UNITS))
+def test_number_with_unit(count, unit):
+    assert parse_duration(f"{count}{unit}") == float(count * DURATION_UNITS[unit])
+    assert parse_duration(f" {count} {unit} ") == float(count * DURATION_UNITS[unit])
+
+
+@given(st.lists(st.tuples(st.integers(0, 1000), st.sampled_from(UNITS)), min_size=1, max_size=5))
+def test_compound_durations_add_up(parts):
+    text = "".join(f"{count}{unit}" for count, unit in parts)
+    assert parse_duration(text) == float(sum(count * DURATION_UNITS[unit] for count, unit in parts))
+
+
+@given(st.one_of(st.integers(min_value=0, max_value=2**62), st.floats(0, 1e18)))
+def test_numbers_are_seconds(value):
+    assert parse_duration(value) == float(value)
+    as_text = str(value) if isinstance(value, int) else f"{Decimal(repr(value)):f}"
+    assert parse_duration(as_text) == float(value)
+
+
+@given(st.text(max_size=20))
+def test_garbage_is_rejected_with_a_clear_message(text):
+    assume(re.search(r"[^0-9.smhd\s]", text) or not re.search(r"\d", text))
+    with pytest.raises(ValueError) as excinfo:
+        parse_duration(text)
+    message = str(excinfo.value)
+    assert "duration" in message
+    assert '"90s", "5m"' in message
+    assert "units: ms, s, m, h, d" in message
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "s", "5 minutes", "1.2.3s", "5mm", "-5s", "1e3", "inf", "5 m s", "h1", "1 h 2", "\u0663s"],
+)
+def test_garbage_examples(text):
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+@given(st.one_of(st.integers(max_value=-1), st.floats(max_value=-1e-300, allow_infinity=True)))
+def test_negative_durations_are_rejected(value):
+    with pytest.raises(ValueError, match="negative"):
+        parse_duration(value)
+
+
+@pytest.mark.parametrize("value", [True, None, [1], {"s": 1}, float("nan"), float("inf"), 10**400])
+def test_non_durations_are_rejected(value):
+    with pytest.raises(ValueError, match=r"duration|seconds"):
+        parse_duration(value)
+
+
+@pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), True, "5s"])
+def test_format_duration_rejects_non_durations(value):
+    with pytest.raises(ValueError):
+        format_duration(value)
+
+
+def test_format_duration_examples():
+    assert format_duration(0) == "0s"
+    assert format_duration(15) == "15s"
+    assert format_duration(5400) == "1h30m"
+    assert format_duration(90061) == "1d1h1m1s"
+    assert format_duration(1.5) == "1.5s"
+    assert format_duration(1e-5) == "0.00001s"
+
+
+# --------------------------------------------------------------------------------- the schema
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from([*SECTIONS, "other"]),
+        st.dictionaries(
+            st.sampled_from(sorted({key.name for key in KEYS} | {"typo"})),
+            st.one_of(
+                st.text(max_size=30),
+                st.integers(),
+                st.floats(),
+                st.booleans(),
+                st.sampled_from(["auto", "debug", "/abs", "5m", "scontrol"]),
+            ),
+        ),
+    )
+)
+def test_any_input_gives_a_config_or_a_config_error(data):
+    try:
+        loaded = config_from_dict(data, "/f.toml")
+    except ConfigError as exc:
+        assert exc.problems
+        assert all(line.startswith("/f.toml: ") for line in exc.problems)
+    else:
+        assert loaded.source == Path("/f.toml")
+
+
+def test_schema_matches_the_dataclasses():
+    schema = {(key.section, key.name) for key in KEYS}
+    fields = {
+        (section, f.name) for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+    }
+    assert schema == fields
+    assert [f.name for f in dataclasses.fields(Config)] == [*SECTIONS, "source"]
+    assert len({key.dotted for key in KEYS}) == len(KEYS)
+
+
+def test_dataclass_defaults_are_the_schema_defaults():
+    defaults = Config()
+    for key in KEYS:
+        assert getattr(getattr(defaults, key.section), key.name) == key.validator(key.default)
+        assert DEFAULTS[key.dotted] == key.validator(key.default)
+        assert key.doc and key.type
+
+
+def toml_value(value: object) -> str:
+    """How a default is spelled in TOML (and in the docs)."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value)
+
+
+def test_example_file_has_every_key_with_its_default():
+    data = tomllib.loads(EXAMPLE.read_text())
+    found = {
+        f"{section}.{name}": value
+        for section, table in data.items()
+        for name, value in table.items()
+    }
+    assert found == {key.dotted: key.default for key in KEYS}
+
+
+def test_example_file_loads_and_equals_the_defaults():
+    loaded = load_config(EXAMPLE, env={})
+    assert loaded == dataclasses.replace(Config(), source=EXAMPLE)
+
+
+def test_example_file_comments_each_key():
+    lines = EXAMPLE.read_text().splitlines()
+    for key in KEYS:
+        index = next(i for i, line in enumerate(lines) if line.startswith(f"{key.name} = "))
+        assert lines[index - 1].startswith("#"), f"{key.dotted} has no comment above it"
+
+
+def docs_entries() -> dict[str, str]:
+    """docs/configuration.md split at its ``#### `section.key` `` headings."""
+    text = DOCS.read_text()
+    parts = re.split(r"^#### `([a-z_]+\.[a-z_]+)`\s*$", text, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_docs_describe_every_key_with_type_and_default():
+    entries = docs_entries()
+    assert set(entries) == {key.dotted for key in KEYS}
+    for key in KEYS:
+        entry = entries[key.dotted]
+        assert f"- Default: `{toml_value(key.default)}`" in entry, key.dotted
+        assert "- Type: " in entry, key.dotted
+        assert "```toml" in entry, f"{key.dotted} has no example"
+
+
+def test_docs_examples_are_valid():
+    blocks = re.findall(r"```toml\n(.*?)```", DOCS.read_text(), flags=re.DOTALL)
+    assert blocks
+    for block in blocks:
+        config_from_toml(block, "docs/configuration.md")
+
+
+def test_docs_cover_location_precedence_and_slurm_conf():
+    text = DOCS.read_text()
+    for needle in ("/etc/slurm-recovery/config.toml", "SRECOVERY_CONFIG", "--config", "slurm.conf"):
+        assert needle in text

@@ -1,0 +1,528 @@
+"""The pyslurm backend's translation, over a recorded model of pyslurm 25.11.2.
+
+pyslurm cannot run here (it needs Slurm 25.11; Debian has 22.05): these tests check what
+can be checked without it -- pyslurm objects to base.Job/base.Node, each operation to the
+exact pyslurm calls, RPCError to the typed errors -- and the shared error table in
+slurm_recovery.scheduler.errors. The model is tests/unit/pyslurm_model/fake_pyslurm.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_recovery.hostlist import expand
+from slurm_recovery.scheduler.base import (
+    ExitCode,
+    InvalidRequest,
+    Job,
+    Node,
+    PermissionDenied,
+    Scheduler,
+    SchedulerError,
+    UnknownJob,
+    UnknownNode,
+    Unreachable,
+)
+from slurm_recovery.scheduler.errors import SLURM_MESSAGES, classify_slurm_error, slurm_error
+from slurm_recovery.scheduler.pyslurm_backend import PyslurmScheduler, available
+
+
+def _load_model():
+    name = "slurm_recovery_tests_fake_pyslurm"
+    path = Path(__file__).parent / "pyslurm_model" / "fake_pyslurm.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
+model = _load_model()
+
+
+@pytest.fixture
+def world():
+    return model.World()
+
+
+@pytest.fixture
+def pyslurm(world, monkeypatch):
+    module = model.build(world)
+    monkeypatch.setitem(sys.modules, "pyslurm", module)
+    return module
+
+
+@pytest.fixture
+def sched(pyslurm, world):
+    scheduler = PyslurmScheduler()
+    world.calls.clear()
+    return scheduler
+
+
+def running_job(world, job_id=7, **overrides):
+    values = {
+        "name": "train",
+        "user_name": "alice",
+        "priority": 4294901,
+        "state": "RUNNING",
+        "state_reason": "None",
+        "requeue_count": 1,
+        "submit_time": 1_700_000_000,
+        "eligible_time": 1_700_000_005,
+        "start_time": 1_700_000_010,
+        "end_time": 1_700_086_410,
+        "partition": "gpu",
+        "num_nodes": 3,
+        "allocated_nodes": "n[1-2],m7",
+        "excluded_nodes": "n4",
+        "exit_code": 0,
+        "exit_code_signal": 0,
+        "admin_comment": None,
+        "standard_output": "/home/alice/train-7.out",
+    }
+    values.update(overrides)
+    return world.job_record(job_id, **values)
+
+
+# --- module and availability -------------------------------------------------------------
+
+
+def test_module_imports_where_pyslurm_is_absent():
+    code = (
+        "import sys; sys.modules['pyslurm'] = None\n"  # any "import pyslurm" now fails
+        "from slurm_recovery.scheduler import pyslurm_backend as b\n"
+        "print(b.available())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("(False, 'pyslurm does not import: ModuleNotFoundError")
+
+
+def test_unavailable_and_unconstructible_without_pyslurm(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyslurm", None)
+    ok, why = available()
+    assert ok is False
+    assert why.startswith("pyslurm does not import: ")
+    with pytest.raises(ImportError):
+        PyslurmScheduler()
+
+
+def test_available_when_major_minor_match(pyslurm, world):
+    world.version = "25.11.0"
+    ok, why = available()
+    assert ok is True
+    assert why == "pyslurm 25.11.2 matches slurmctld 25.11.0"
+
+
+def test_unavailable_when_slurm_release_differs(pyslurm, world):
+    world.version = "22.05.8"
+    ok, why = available()
+    assert ok is False
+    assert "pyslurm 25.11.2 is for Slurm 25.11, but slurmctld runs Slurm 22.05.8" in why
+
+
+def test_unavailable_when_slurmctld_does_not_answer(pyslurm, world):
+    world.fail["slurmctld.Config.load"] = pyslurm.RPCError(1800)
+    ok, why = available()
+    assert ok is False
+    assert "Unable to contact slurm controller (connect failure)" in why
+
+
+def test_satisfies_the_scheduler_protocol(sched):
+    assert isinstance(sched, Scheduler)
+    assert sched.name == "pyslurm"
+
+
+def test_cluster_name_and_version_come_from_slurmctld_config(sched, world):
+    world.cluster_name, world.version = "gpu-west", "25.11.1"
+    assert sched.cluster_name() == "gpu-west"
+    assert sched.version() == "25.11.1"
+    assert world.calls == [("slurmctld.Config.load",), ("slurmctld.Config.load",)]
+
+
+# --- pyslurm objects -> base.Job / base.Node ----------------------------------------------
+
+
+def test_running_job_translates_every_field(sched, world):
+    running_job(world, admin_comment="seen before")
+    assert sched.get_job(7) == Job(
+        job_id=7,
+        name="train",
+        state="RUNNING",
+        reason="None",
+        user="alice",
+        partition="gpu",
+        nodes=("m7", "n1", "n2"),
+        num_nodes=3,
+        submit_time=1_700_000_000,
+        restart_count=1,
+        excluded_nodes=frozenset({"n4"}),
+        exit_code=ExitCode(0, 0),
+        held=False,
+        begin_time=1_700_000_005,
+        start_time=1_700_000_010,
+        end_time=1_700_086_410,
+        stdout_path="/home/alice/train-7.out",
+        admin_comment="seen before",
+    )
+    assert world.calls == [("Job.load", 7)]
+
+
+def test_requeued_held_job_with_unset_fields(sched, world):
+    # After requeue(hold=True): priority 0, state_desc set, no nodes; pyslurm gives None
+    # for every string and time Slurm left unset.
+    running_job(
+        world,
+        state="PENDING",
+        state_reason="job requeued in held state",
+        priority=0,
+        allocated_nodes=None,
+        excluded_nodes=None,
+        start_time=None,
+        end_time=None,
+        standard_output=None,
+        num_nodes=None,
+        requeue_count=2,
+    )
+    job = sched.get_job(7)
+    assert job.held is True
+    assert job.active is True
+    assert (job.nodes, job.excluded_nodes, job.num_nodes) == ((), frozenset(), 0)
+    assert (job.start_time, job.end_time, job.stdout_path) == (0, 0, None)
+    assert job.restart_count == 2
+    assert job.reason == "job requeued in held state"
+
+
+@pytest.mark.parametrize(
+    ("priority", "reason", "held"),
+    [
+        (0, "JobHeldUser", True),
+        (0, "JobHeldAdmin", True),
+        (0, "None", True),  # priority 0 alone means held
+        (1000, "JobHeldAdmin", True),  # the reason alone too
+        (1000, "Priority", False),
+        (1000, "BeginTime", False),
+    ],
+)
+def test_held_from_priority_or_reason(sched, world, priority, reason, held):
+    running_job(world, state="PENDING", priority=priority, state_reason=reason)
+    assert sched.get_job(7).held is held
+
+
+def test_failed_job_exit_code_and_signal(sched, world):
+    running_job(world, state="FAILED", exit_code=3, exit_code_signal=0)
+    running_job(world, job_id=8, state="NODE_FAIL", exit_code=0, exit_code_signal=9)
+    assert sched.get_job(7).exit_code == ExitCode(3, 0)
+    assert str(sched.get_job(8).exit_code) == "0:9"
+    assert sched.get_job(8).active is False
+
+
+def test_list_jobs_reads_all_jobs_once_sorted_by_id(sched, world):
+    running_job(world, job_id=12)
+    running_job(world, job_id=3, state="PENDING", allocated_nodes=None)
+    jobs = sched.list_jobs()
+    assert [j.job_id for j in jobs] == [3, 12]
+    assert jobs[0].state == "PENDING" and jobs[1].nodes == ("m7", "n1", "n2")
+    assert world.calls == [("Jobs.load",)]
+
+
+def test_nodes_split_state_into_base_and_flags(sched, world):
+    world.node_record("n1", state="IDLE", partitions=["gpu"])
+    world.node_record(
+        "n2", state="MIXED+DRAIN", reason="xid 79 on GPU 3", partitions=["gpu", "debug"]
+    )
+    world.node_record("n3", state="DOWN+NOT_RESPONDING", reason="Not responding")
+    nodes = {n.name: n for n in sched.list_nodes()}
+    assert list(nodes) == ["n1", "n2", "n3"]
+    assert nodes["n1"] == Node(name="n1", state="IDLE", flags=frozenset(), partitions=("gpu",))
+    assert nodes["n2"] == Node(
+        name="n2",
+        state="MIXED",
+        flags=frozenset({"DRAIN"}),
+        reason="xid 79 on GPU 3",
+        partitions=("gpu", "debug"),
+    )
+    assert nodes["n2"].drained and not nodes["n1"].drained
+    assert (nodes["n3"].state, nodes["n3"].flags) == ("DOWN", frozenset({"NOT_RESPONDING"}))
+    assert nodes["n3"].partitions == ()
+    assert world.calls == [("Nodes.load",)]
+
+
+def test_get_node_and_unknown_node(sched, world):
+    world.node_record("n1", state="ALLOCATED+DRAIN", reason="lemon")
+    assert sched.get_node("n1").flags == frozenset({"DRAIN"})
+    with pytest.raises(UnknownNode) as err:
+        sched.get_node("nope")
+    # pyslurm's own words (Node.load finds no record), kept as the Slurm message
+    assert err.value.slurm_message == "Node 'nope' does not exist"
+    assert world.calls == [("Node.load", "n1"), ("Node.load", "nope")]
+
+
+def test_unknown_job(sched, world):
+    with pytest.raises(UnknownJob) as err:
+        sched.get_job(99)
+    assert err.value.slurm_message == "Invalid job id specified"
+    assert err.value.command == "pyslurm.Job.load(99)"
+    assert "Invalid job id specified" in str(err.value)
+
+
+# --- operations -> the exact pyslurm calls ------------------------------------------------
+
+
+def test_requeue_hold(sched, world):
+    running_job(world)
+    sched.requeue_hold(7)
+    assert world.calls == [("Job.requeue", 7, {"hold": True})]
+    assert sched.get_job(7).held is True
+
+
+def test_add_excluded_nodes_merges_with_existing_and_writes_the_union(sched, world):
+    running_job(world, state="PENDING", excluded_nodes="n4")
+    result = sched.add_excluded_nodes(7, ["n2", "n3", "n4"])
+    assert result == frozenset({"n2", "n3", "n4"})
+    # read, write the union, read back to verify Slurm shows it
+    assert [c[0] for c in world.calls] == ["Job.load", "Job.modify", "Job.load"]
+    _, job_id, changes = world.calls[1]
+    assert job_id == 7 and list(changes) == ["excluded_nodes"]
+    assert set(expand(changes["excluded_nodes"])) == {"n2", "n3", "n4"}
+    assert sched.get_job(7).excluded_nodes == result
+
+
+def test_add_excluded_nodes_twice_keeps_the_first_exclusions(sched, world):
+    running_job(world, state="PENDING", excluded_nodes=None)
+    assert sched.add_excluded_nodes(7, ["n1"]) == frozenset({"n1"})
+    assert sched.add_excluded_nodes(7, ["n[5-6]"]) == frozenset({"n1", "n5", "n6"})
+    written = [set(expand(c[2]["excluded_nodes"])) for c in world.calls if c[0] == "Job.modify"]
+    assert written == [{"n1"}, {"n1", "n5", "n6"}]
+
+
+def test_add_excluded_nodes_already_excluded_writes_nothing(sched, world):
+    running_job(world, excluded_nodes="n[1-3]")  # RUNNING: a write would be refused
+    assert sched.add_excluded_nodes(7, ["n2"]) == frozenset({"n1", "n2", "n3"})
+    assert world.calls == [("Job.load", 7)]
+
+
+def test_add_excluded_nodes_refused_once_running(sched, world):
+    running_job(world, excluded_nodes=None)
+    with pytest.raises(InvalidRequest, match="RUNNING: exclusions change only while"):
+        sched.add_excluded_nodes(7, ["n1"])
+    assert [c[0] for c in world.calls] == ["Job.load"]  # nothing written
+
+
+def test_add_excluded_nodes_refused_by_slurm_keeps_its_message(sched, world, pyslurm):
+    running_job(world, state="PENDING", excluded_nodes=None)  # started between read and write
+    world.fail["Job.modify"] = pyslurm.RPCError(2073)
+    with pytest.raises(InvalidRequest) as err:
+        sched.add_excluded_nodes(7, ["n1"])
+    assert err.value.slurm_message == "Job is no longer pending execution"
+
+
+def test_add_excluded_nodes_not_shown_after_the_write_is_an_error(sched, world, pyslurm):
+    record = running_job(world, state="PENDING", excluded_nodes=None)
+    original_modify = pyslurm.Job.modify
+
+    def dropped(self, changes):  # slurmctld answers success and keeps the old list
+        original_modify(self, changes)
+        record["excluded_nodes"] = None
+
+    pyslurm.Job.modify = dropped
+    with pytest.raises(SchedulerError, match="it shows nothing"):
+        sched.add_excluded_nodes(7, ["n1"])
+
+
+def test_set_begin_now_and_release(sched, world):
+    running_job(world, state="PENDING", priority=0, eligible_time=int(time.time()) + 121)
+    sched.set_begin_now(7)
+    assert sched.get_job(7).begin_time <= time.time()
+    sched.release(7)
+    assert [c for c in world.calls if c[0] != "Job.load"] == [
+        ("Job.modify", 7, {"begin_time": "now"}),
+        ("Job.release", 7),
+    ]
+
+
+def test_set_begin_now_refused_unless_pending_and_checked_after(sched, world):
+    running_job(world)  # RUNNING
+    with pytest.raises(InvalidRequest, match="RUNNING: begin time applies to pending"):
+        sched.set_begin_now(7)
+    running_job(world, state="PENDING", eligible_time=int(time.time()) + 121)
+    world.apply_begin_time = False
+    with pytest.raises(SchedulerError, match="begin time still"):
+        sched.set_begin_now(7)
+
+
+def test_cancel_records_the_reason_in_admin_comment_first(sched, world):
+    running_job(world)
+    sched.cancel(7, "application error: CUDA OOM in rank 3")
+    assert world.calls == [
+        (
+            "Job.modify",
+            7,
+            {"admin_comment": "slurm-recovery: application error: CUDA OOM in rank 3"},
+        ),
+        ("Job.cancel", 7),
+    ]
+    job = sched.get_job(7)
+    assert job.admin_comment == "slurm-recovery: application error: CUDA OOM in rank 3"
+    assert job.state == "CANCELLED"
+
+
+def test_cancel_unknown_job_raises_and_cancels_nothing(sched, world):
+    with pytest.raises(UnknownJob):
+        sched.cancel(99, "gone")
+    assert [c[0] for c in world.calls] == ["Job.modify"]
+
+
+def test_drain_and_resume_node(sched, world):
+    world.node_record("n3", state="ALLOCATED")
+    sched.drain_node("n3", "slurm-recovery: xid 79 (GPU fell off the bus)")
+    assert sched.get_node("n3").drained
+    sched.resume_node("n3")
+    assert not sched.get_node("n3").drained
+    assert [c for c in world.calls if c[0] == "Node.modify"] == [
+        (
+            "Node.modify",
+            "n3",
+            {"state": "DRAIN", "reason": "slurm-recovery: xid 79 (GPU fell off the bus)"},
+        ),
+        ("Node.modify", "n3", {"state": "RESUME"}),
+    ]
+    world.calls.clear()
+    sched.resume_node("n3")  # in service already: a no-op, not an error
+    assert [c[0] for c in world.calls] == ["Node.load"]
+
+
+def test_drain_reason_is_sanitized(sched, world):
+    world.node_record("n3", state="IDLE")
+    sched.drain_node("n3", "xid 79\n; rm -rf /\x00")
+    assert sched.get_node("n3").reason == "xid 79 ; rm -rf /"
+
+
+def test_drain_unknown_node(sched, world):
+    with pytest.raises(UnknownNode) as err:
+        sched.drain_node("zz9", "bad")
+    assert err.value.slurm_message == "Invalid node name specified"
+
+
+# --- RPCError -> typed errors, Slurm's message kept -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("errno", "error", "text"),
+    [
+        (2017, UnknownJob, "Invalid job id specified"),
+        (2002, PermissionDenied, "Access/permission denied"),
+        (1800, Unreachable, "Unable to contact slurm controller (connect failure)"),
+        (2024, InvalidRequest, "Job is pending execution"),
+        (2037, InvalidRequest, "Requested operation is presently disabled"),
+        (2039, InvalidRequest, "Only batch jobs are accepted or processed"),
+        (2021, InvalidRequest, "Job/step already completing or completed"),
+    ],
+)
+def test_rpc_errors_become_typed_errors(sched, world, pyslurm, errno, error, text):
+    world.fail["Job.requeue"] = pyslurm.RPCError(errno)
+    with pytest.raises(SchedulerError) as err:
+        sched.requeue_hold(7)
+    assert type(err.value) is error
+    assert err.value.slurm_message == text
+    assert err.value.command == "pyslurm.Job(7).requeue(hold=True)"
+    assert isinstance(err.value.__cause__, pyslurm.RPCError)
+
+
+def test_rpc_error_with_only_a_message_is_classified_by_its_text(sched, world, pyslurm):
+    # pyslurm keeps errno == SLURM_ERROR (-1) when it raises with msg=...
+    world.fail["Jobs.load"] = pyslurm.RPCError(
+        msg="Unable to contact slurm controller (send failure)"
+    )
+    with pytest.raises(Unreachable):
+        sched.list_jobs()
+
+
+def test_non_rpc_errors_are_not_swallowed(sched, world):
+    world.fail["Job.release"] = RuntimeError("bug in the caller")
+    with pytest.raises(RuntimeError):
+        sched.release(7)
+
+
+# --- the shared error table (errors.py) -------------------------------------------------
+
+# slurm_strerror() of libslurm 22.05.8 for these errnos (same text in Slurm 25.11).
+SLURM_STRERROR = {
+    1001: "Communication connection failure",
+    1007: "Protocol authentication error",
+    1800: "Unable to contact slurm controller (connect failure)",
+    1801: "Unable to contact slurm controller (send failure)",
+    1802: "Unable to contact slurm controller (receive failure)",
+    1803: "Unable to contact slurm controller (shutdown failure)",
+    2002: "Access/permission denied",
+    2017: "Invalid job id specified",
+    2018: "Invalid node name specified",
+    2020: "Job can not be altered now, try again later",
+    2021: "Job/step already completing or completed",
+    2024: "Job is pending execution",
+    2027: "Slurm backup controller in standby mode",
+    2028: "Invalid node state specified",
+    2037: "Requested operation is presently disabled",
+    2039: "Only batch jobs are accepted or processed",
+    2073: "Job is no longer pending execution",
+    2084: "Job has already finished",
+    2131: "Controller is in standby mode, try a different controller",
+    5004: "Socket timed out on send/recv operation",
+    5005: "Zero Bytes were transmitted or received",
+}
+
+
+@pytest.mark.parametrize(("errno", "text"), sorted(SLURM_STRERROR.items()))
+def test_errno_and_text_tables_agree(errno, text):
+    assert classify_slurm_error(text) is classify_slurm_error("", errno)
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        # as the command-line tools print them (for the scontrol backend)
+        ("slurm_update error: Invalid job id specified", UnknownJob),
+        ("scancel: error: Kill job error on job id 7: Invalid job id specified", UnknownJob),
+        ("Requeue job 7 failed: Job is pending execution", InvalidRequest),
+        ("slurm_update error: Invalid node name specified", UnknownNode),
+        ("slurm_update error: Access/permission denied", PermissionDenied),
+        (
+            "slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
+            Unreachable,
+        ),
+        ("slurm_update error: Job is no longer pending execution", InvalidRequest),
+        ("ACCESS/PERMISSION DENIED", PermissionDenied),
+        ("something Slurm has never said", InvalidRequest),
+        ("", InvalidRequest),
+    ],
+)
+def test_classify_by_message(message, error):
+    assert classify_slurm_error(message) is error
+
+
+def test_a_listed_errno_wins_over_text_and_an_unlisted_one_defers_to_it():
+    assert classify_slurm_error("Unspecified error", 2017) is UnknownJob
+    assert classify_slurm_error("Access/permission denied", 1800) is Unreachable
+    assert classify_slurm_error("Invalid job id specified", -1) is UnknownJob  # SLURM_ERROR
+    assert classify_slurm_error("Invalid job id specified", 2073) is UnknownJob
+
+
+def test_every_message_row_classifies_to_its_own_error():
+    # guards the first-match order: no earlier row may swallow a later one
+    for text, error in SLURM_MESSAGES:
+        assert classify_slurm_error(text) is error, text
+
+
+def test_slurm_error_builds_the_typed_error_with_slurm_words():
+    err = slurm_error(
+        "requeue job 7", "Job is pending execution\n", command="scontrol requeuehold 7"
+    )
+    assert type(err) is InvalidRequest
+    assert err.slurm_message == "Job is pending execution"
+    assert err.command == "scontrol requeuehold 7"
+    assert str(err) == "requeue job 7 failed (slurm: Job is pending execution)"
