@@ -274,9 +274,25 @@ def ensure_packages() -> None:
     subprocess.run(["apt-get", "install", "-y", "-q", *DEBIAN_PACKAGES], check=True, env=env)
 
 
+def _searchable_by(path: Path, uid: int, gid: int) -> bool:
+    st = path.stat()
+    if st.st_uid == uid:
+        return bool(st.st_mode & 0o100)
+    if st.st_gid == gid:
+        return bool(st.st_mode & 0o010)
+    return bool(st.st_mode & 0o001)
+
+
 def _prepare_munge_dirs(spec: ClusterSpec) -> None:
     munge = pwd.getpwnam("munge")
     mdir = spec.munge_socket.parent
+    base = spec.base.resolve()
+    for parent in (*reversed(base.parents), base):
+        if not _searchable_by(parent, munge.pw_uid, munge.pw_gid):
+            raise ClusterError(
+                f"munged runs as user munge and cannot reach {parent}: choose a --base "
+                f"whose every directory others may search (e.g. chmod o+x {parent})"
+            )
     mdir.mkdir(parents=True, exist_ok=True)
     os.chown(mdir, munge.pw_uid, munge.pw_gid)
     mdir.chmod(0o755)

@@ -42,7 +42,9 @@ class Evidence:
     def __post_init__(self) -> None:
         check_text(self.source, "Evidence.source")
         check_text(self.kind, "Evidence.kind")
-        object.__setattr__(self, "observed_at", check_time(self.observed_at, "Evidence.observed_at"))
+        object.__setattr__(
+            self, "observed_at", check_time(self.observed_at, "Evidence.observed_at")
+        )
         if self.node is not None:
             check_text(self.node, "Evidence.node")
         check_optional_int(self.gpu, "Evidence.gpu")

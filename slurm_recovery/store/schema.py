@@ -158,9 +158,7 @@ def schema_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
-def check_compatible(
-    conn: sqlite3.Connection, where: str, latest: int = LATEST_VERSION
-) -> int:
+def check_compatible(conn: sqlite3.Connection, where: str, latest: int = LATEST_VERSION) -> int:
     """The database's schema version, after checking it is ours and not newer than ``latest``."""
     version = schema_version(conn)
     app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])

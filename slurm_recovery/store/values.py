@@ -57,7 +57,7 @@ def check_text(value: object, field: str, *, allow_empty: bool = False) -> str:
 
 
 def check_name(value: object, field: str) -> str:
-    """A lower-case identifier (``running_again``): used where later code looks things up by name."""
+    """A lower-case identifier (``running_again``), for things later code looks up by name."""
     if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
         raise ValueError(
             f"{field} must be a lower-case name like 'running_again' "

@@ -1,0 +1,117 @@
+"""``srecovery``: the admin CLI. Exit codes: 0 ok, 1 failed, 2 bad usage or config, 3 Slurm
+unreachable (see docs/cli.md)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from slurm_recovery import __version__, hostlist
+from slurm_recovery.cli.demo import demo
+from slurm_recovery.config import Config, ConfigError, load_config
+from slurm_recovery.scheduler import SchedulerError, Unreachable, open_scheduler
+
+EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+
+
+def _load(ctx: click.Context) -> Config:
+    try:
+        return load_config(ctx.obj["config_path"])
+    except ConfigError as exc:
+        click.echo(f"srecovery: {exc}", err=True)
+        ctx.exit(EXIT_USAGE)
+        raise AssertionError("unreachable") from exc
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="srecovery")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Config file (default: $SRECOVERY_CONFIG, else /etc/slurm-recovery/config.toml).",
+)
+@click.pass_context
+def cli(ctx: click.Context, config_path: Path | None) -> None:
+    """slurm-recovery: detect, attribute and recover failed multi-node jobs on Slurm."""
+    ctx.ensure_object(dict)
+    ctx.obj["config_path"] = config_path
+
+
+@cli.group()
+def config() -> None:
+    """Inspect the configuration."""
+
+
+@config.command("check")
+@click.option("--json", "as_json", is_flag=True, help="Print the effective config as JSON.")
+@click.pass_context
+def config_check(ctx: click.Context, as_json: bool) -> None:
+    """Validate the config file and print the effective settings (defaults filled in)."""
+    cfg = _load(ctx)
+    data = asdict(cfg)
+    source = data.pop("source")
+    if as_json:
+        click.echo(json.dumps({"source": source, **data}, default=str, indent=2))
+        return
+    click.echo(f"# {source or 'no config file: all defaults'} is valid")
+    for section, values in data.items():
+        click.echo(f"[{section}]")
+        for key, value in values.items():
+            click.echo(f"{key} = {json.dumps(value, default=str)}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def slurm(ctx: click.Context, as_json: bool) -> None:
+    """Show what slurm-recovery sees in Slurm: backend, cluster, nodes and active jobs."""
+    cfg = _load(ctx)
+    try:
+        sched = open_scheduler(
+            cfg.scheduler.backend,
+            timeout=cfg.scheduler.command_timeout,
+            bin_dir=cfg.scheduler.slurm_bin_dir,
+            slurm_conf=cfg.scheduler.slurm_conf,
+        )
+        info = {
+            "backend": sched.name,
+            "cluster": sched.cluster_name(),
+            "slurm_version": sched.version(),
+            "nodes": [asdict(n) for n in sched.list_nodes()],
+            "jobs": [asdict(j) for j in sched.list_jobs() if j.active],
+        }
+    except Unreachable as exc:
+        click.echo(f"srecovery: slurmctld unreachable: {exc}", err=True)
+        ctx.exit(EXIT_UNREACHABLE)
+    except SchedulerError as exc:
+        click.echo(f"srecovery: {exc}", err=True)
+        ctx.exit(EXIT_FAILED)
+    if as_json:
+        click.echo(json.dumps(info, default=sorted, indent=2))
+        return
+    click.echo(
+        f"cluster {info['cluster']}  Slurm {info['slurm_version']}  backend {info['backend']}"
+    )
+    click.echo(f"\n{'NODE':<12} {'STATE':<12} {'FLAGS':<16} REASON")
+    for n in info["nodes"]:
+        flags = ",".join(sorted(n["flags"])) or "-"
+        click.echo(f"{n['name']:<12} {n['state']:<12} {flags:<16} {n['reason'] or '-'}")
+    click.echo(f"\n{'JOBID':>8} {'STATE':<10} {'RESTARTS':>8} {'NODES':<16} EXCLUDED")
+    for j in info["jobs"]:
+        nodes = hostlist.compress(j["nodes"]) or "-"
+        excluded = hostlist.compress(j["excluded_nodes"]) or "-"
+        click.echo(
+            f"{j['job_id']:>8} {j['state']:<10} {j['restart_count']:>8} {nodes:<16} {excluded}"
+        )
+
+
+cli.add_command(demo)
+
+
+def main() -> None:
+    cli(obj={})

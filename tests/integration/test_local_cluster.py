@@ -1,0 +1,97 @@
+"""scripts/local-cluster: up is idempotent, two clusters never clash, down leaves nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from slurm_recovery import localcluster
+from tests.conftest import _free_port_block, wait_for
+
+pytestmark = pytest.mark.cluster
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "local-cluster"
+
+
+def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=check
+    )
+
+
+def processes_with_conf(conf: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                env = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"SLURM_CONF={conf}".encode() in env:
+                found.append(int(entry.name))
+    return found
+
+
+def test_lifecycle_beside_the_session_cluster(local_cluster, slurm_env):
+    base = Path(tempfile.mkdtemp(prefix="srecovery-lc-"))
+    base.chmod(0o755)
+    port = _free_port_block(3, start=local_cluster.port_base + 100)
+    common = ["--base", str(base)]
+    try:
+        first = run(*common, "up", "--nodes", "2", "--port-base", str(port), "--name", "lc")
+        conf = base / "etc" / "slurm.conf"
+        assert first.stdout.strip() == f"export SLURM_CONF={conf}"
+        status = json.loads(run(*common, "status").stdout)
+        assert all(p["running"] for p in status["processes"].values())
+        assert sorted(status["processes"]) == ["munged", "slurmctld", "slurmd:n1", "slurmd:n2"]
+        assert status["nodes"] == {"n1": "idle", "n2": "idle"}
+
+        again = run(*common, "up", "--nodes", "2", "--port-base", str(port), "--name", "lc")
+        assert again.returncode == 0
+        assert json.loads(run(*common, "status").stdout)["processes"] == status["processes"]
+
+        clash = run(*common, "up", "--nodes", "3", "--port-base", str(port), check=False)
+        assert clash.returncode == 1 and "run `down" in clash.stderr
+        assert run(*common, "env").stdout.strip() == f"export SLURM_CONF={conf}"
+
+        env = {**os.environ, "SLURM_CONF": str(conf)}
+        job = subprocess.run(
+            ["sbatch", "--parsable", "-N2", "--wrap=sleep 600"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd="/tmp",
+        ).stdout.strip()
+        wait_for(
+            lambda: (
+                subprocess.run(
+                    ["squeue", "-h", "-j", job, "-o", "%T"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                ).stdout.strip()
+                == "RUNNING"
+            )
+        )
+        ours = processes_with_conf(conf)
+        assert len(ours) >= 5  # slurmctld, 2 slurmd, slurmstepd(s), the job's shell
+
+        stopped = run(*common, "down").stdout
+        assert "stopped slurmctld" in stopped and "stopped munged" in stopped
+        pids = [p["pid"] for p in status["processes"].values()]
+        assert not [p for p in pids if localcluster._alive(p, "")]
+        assert processes_with_conf(conf) == []
+        # the session's cluster was never touched
+        nodes = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N"], env=slurm_env, capture_output=True, text=True
+        ).stdout.split()
+        assert len(nodes) == local_cluster.nodes
+    finally:
+        run(*common, "down", check=False)
+    assert run(*common, "down").stdout == ""  # down twice is harmless
