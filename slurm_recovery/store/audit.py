@@ -146,10 +146,13 @@ def verify_chain(rows: Iterable[AuditRow], anchor: AuditAnchor | None = None) ->
     After the walk, a log that ends before the anchor lost its tail (*deleted*).
     """
     it = iter(rows)
-    prev: AuditRow | None = None
+    prev: AuditRow | None = None  # the last row that verified
+    before_prev: AuditAnchor | None = None  # the one before it
     checked = 0
 
     def bad(seq: int, problem: AuditProblem, detail: str) -> AuditVerification:
+        if prev is not None and seq == prev.seq:  # the last "good" row turned out rewritten
+            return AuditVerification(False, checked - 1, seq, problem, detail, before_prev)
         head = prev.anchor if prev else None
         return AuditVerification(False, checked, seq, problem, detail, head)
 
@@ -163,11 +166,7 @@ def verify_chain(rows: Iterable[AuditRow], anchor: AuditAnchor | None = None) ->
         if row.seq > expected_seq:
             if row.prev_hash != link:
                 last = row.seq - 1
-                span = (
-                    f"row {expected_seq}"
-                    if last == expected_seq
-                    else (f"rows {expected_seq}-{last}")
-                )
+                span = f"rows {expected_seq}-{last}" if last > expected_seq else f"row {last}"
                 return bad(expected_seq, AuditProblem.DELETED, f"{span} missing before {row.seq}")
             return bad(row.seq, AuditProblem.MODIFIED, f"seq changed (expected {expected_seq})")
         if row.expected_hash() != row.hash:
@@ -185,6 +184,7 @@ def verify_chain(rows: Iterable[AuditRow], anchor: AuditAnchor | None = None) ->
         if anchor is not None and row.seq == anchor.seq and row.hash != anchor.hash:
             return bad(row.seq, AuditProblem.MODIFIED, "hash differs from the anchor")
         checked += 1
+        before_prev = prev.anchor if prev else None
         prev = row
         row = after
     if anchor is not None and (prev is None or prev.seq < anchor.seq):

@@ -132,7 +132,8 @@ def insert(conn: sqlite3.Connection, seq: int, *, linked: bool) -> None:
 def _expect(result: AuditVerification, problem: AuditProblem, seq: int) -> None:
     assert not result.ok, result
     assert (result.problem, result.first_bad_seq) == (problem, seq), result
-    assert result.rows_checked == min(seq - 1, result.rows_checked)
+    assert result.rows_checked == seq - 1
+    assert result.head == (None if seq == 1 else AuditAnchor(seq - 1, result.head.hash))
     assert str(result).startswith(f"audit chain broken at seq {seq} ({problem.value})")
 
 
