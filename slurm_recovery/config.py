@@ -206,8 +206,8 @@ KEYS: tuple[Key, ...] = (
         "name",
         "string",
         "",
-        "Name of this cluster in job-attempt keys (cluster, job id, restart count). Empty: take "
-        "ClusterName from Slurm. Mapped to lower case, as Slurm does.",
+        "Name of this cluster in job-attempt keys (cluster, job id, submit time, restart "
+        "count). Empty: take ClusterName from Slurm. Mapped to lower case, as Slurm does.",
         _cluster_name,
     ),
     Key(

@@ -144,23 +144,27 @@ def _run(spec: localcluster.ClusterSpec) -> None:
     again = _wait("the job to run again", running)
     t_running = time.monotonic()
 
-    click.echo(f"    drain {bad}                      {_ms(t_drain - t0):>8}")
-    click.echo(f"    requeue held, job pending         {_ms(t_held - t_drain):>8}")
-    click.echo(
-        f"    exclude {','.join(sorted(excluded))}, begin now, release  "
-        f"{_ms(t_released - t_held):>8}"
-    )
-    click.echo(f"    RUNNING again on {','.join(again.nodes):<16} {_ms(t_running - t_released):>8}")
-    click.echo(click.style(f"    failure -> running again: {_ms(t_running - t0)}", bold=True))
+    steps = [
+        (f"drain {bad}", t_drain - t0),
+        ("requeue held, job pending", t_held - t_drain),
+        (f"exclude {','.join(sorted(excluded))}, begin now, release", t_released - t_held),
+        (f"RUNNING again on {','.join(again.nodes)}", t_running - t_released),
+    ]
+    for label, seconds in steps:
+        click.echo(f"    {label:<40} {_ms(seconds):>8}")
+    click.echo(click.style(f"    {'failure -> running again':<40} {_ms(t_running - t0):>8}", bold=True))
     if slurm_delay > 5:
         click.echo(f"    (plain requeue: Slurm had set the begin time {slurm_delay:.0f} s ahead)")
-    time.sleep(1.0)
     log = Path(again.stdout_path or "")
-    lines = (
-        [ln for ln in log.read_text().splitlines() if ln.startswith("attempt")]
-        if log.is_file()
-        else []
-    )
+
+    def attempts() -> list[str]:
+        text = log.read_text() if log.is_file() else ""
+        return [ln for ln in text.splitlines() if ln.startswith("attempt")]
+
+    # RUNNING in slurmctld comes before the batch script's first line reaches the file.
+    deadline = time.monotonic() + 15
+    while len(lines := attempts()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
     for line in lines:
         click.echo(f"    {log.name}: {line}")
     if bad in again.nodes or len(lines) < 2 or "from step 0" in lines[-1]:

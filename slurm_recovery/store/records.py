@@ -29,7 +29,8 @@ ACTION_RESULTS = ("ok", "failed", "skipped")
 @dataclass(frozen=True)
 class Evidence:
     """A fact from a source (sidecar, hook, scheduler), timestamped, attributed where known to a
-    node, a GPU and a job attempt (an :class:`AttemptRecord` id)."""
+    node, a GPU and a job attempt (an :class:`AttemptRecord` id). ``payload`` is kept as JSON:
+    it must be JSON-serialisable, and tuples in it come back as lists."""
 
     source: str
     kind: str

@@ -58,7 +58,7 @@ def test_demo_recovers_a_job_end_to_end(local_cluster):
     )
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "failure -> running again:" in out
+    assert "failure -> running again" in out
     assert "attempt 0 on" in out and "attempt 1 on" in out
     resumed = next(line for line in out.splitlines() if "attempt 1 on" in line)
     assert "resuming from step 0" not in resumed

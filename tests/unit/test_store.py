@@ -18,12 +18,14 @@ from slurm_recovery.store import (
     SchemaVersionError,
     Store,
     StoreBusyError,
+    StoreCorruptError,
     StoreError,
     StoreFullError,
     StoreOpenError,
     StoreReadOnlyError,
     UnknownRecordError,
 )
+from slurm_recovery.store.errors import wrap_sqlite_error
 
 
 @pytest.fixture
@@ -192,7 +194,7 @@ def test_evidence_batch_is_all_or_nothing(store: Store, db: Path) -> None:
     good = Evidence("nvml", "xid", 1.0)
     with pytest.raises(TypeError, match=r"batch\[1\]"):
         store.add_evidence([good, {"source": "nvml"}])  # type: ignore[list-item]
-    with pytest.raises(UnknownRecordError, match="Evidence.attempt_id: .* 99"):
+    with pytest.raises(UnknownRecordError, match=r"Evidence.attempt_id: .* 99"):
         store.add_evidence([good, Evidence("nvml", "xid", 2.0, attempt_id=99)])
     assert _count(db, "evidence") == 0
     with pytest.raises(ValueError, match="received_at"):
@@ -477,3 +479,26 @@ def test_missing_timestamps_default_to_now(store: Store, monkeypatch: pytest.Mon
     assert attempt.first_seen_at == 1234.5 and incident.opened_at == 1234.5
     assert store.append_audit("controller", "note", "x").ts == 1234.5
     assert store.add_milestone(incident.id, "detected") == 1234.5
+
+
+@pytest.mark.parametrize(
+    ("errorname", "expected"),
+    [
+        ("SQLITE_FULL", StoreFullError),
+        ("SQLITE_READONLY", StoreReadOnlyError),
+        ("SQLITE_READONLY_DBMOVED", StoreReadOnlyError),
+        ("SQLITE_BUSY", StoreBusyError),
+        ("SQLITE_LOCKED", StoreBusyError),
+        ("SQLITE_NOTADB", NotAStoreError),
+        ("SQLITE_CORRUPT", StoreCorruptError),
+        ("SQLITE_CANTOPEN", StoreOpenError),
+        ("SQLITE_IOERR_WRITE", StoreError),
+    ],
+)
+def test_sqlite_errors_map_to_store_errors(errorname: str, expected: type) -> None:
+    exc = sqlite3.OperationalError("low-level message")
+    exc.sqlite_errorname = errorname
+    wrapped = wrap_sqlite_error(exc, "/var/lib/slurm-recovery/state.db")
+    assert type(wrapped) is expected
+    assert "/var/lib/slurm-recovery/state.db" in str(wrapped)
+    assert "low-level message" in str(wrapped)

@@ -4,6 +4,7 @@ triggers dropped first, as an attacker would) is named at exactly the row it tou
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sqlite3
 import subprocess
@@ -96,9 +97,9 @@ def modify(conn: sqlite3.Connection, seq: int, field: str) -> None:
         "prev_hash": "prev_hash = 'e' || substr(prev_hash, 2)",
         "hash": "hash = 'e' || substr(hash, 2)",
     }
-    before = _row(conn, seq) + (_hash_of(conn, seq),)
+    before = (*_row(conn, seq), _hash_of(conn, seq))
     conn.execute(f"UPDATE audit_log SET {changes[field]} WHERE seq = ?", (seq,))
-    if _row(conn, seq) + (_hash_of(conn, seq),) == before:  # value already looked forged
+    if (*_row(conn, seq), _hash_of(conn, seq)) == before:  # value already looked forged
         conn.execute(f"UPDATE audit_log SET {field} = {field} || '0' WHERE seq = ?", (seq,))
 
 
@@ -152,7 +153,7 @@ def test_any_sequence_of_appends_verifies(items: list[tuple]) -> None:
         assert [r.seq for r in rows] == list(range(1, len(items) + 1))
         assert [r.payload for r in rows] == [json.loads(json.dumps(p)) for *_, p, _ in items]
         assert rows[0].prev_hash == GENESIS_HASH
-        assert all(b.prev_hash == a.hash for a, b in zip(rows, rows[1:], strict=False))
+        assert all(b.prev_hash == a.hash for a, b in itertools.pairwise(rows))
 
 
 tampers = st.sampled_from(["modify", "modify_rehash", "delete", "insert", "insert_unlinked"])
