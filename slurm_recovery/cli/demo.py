@@ -152,7 +152,8 @@ def _run(spec: localcluster.ClusterSpec) -> None:
     ]
     for label, seconds in steps:
         click.echo(f"    {label:<40} {_ms(seconds):>8}")
-    click.echo(click.style(f"    {'failure -> running again':<40} {_ms(t_running - t0):>8}", bold=True))
+    total = f"    {'failure -> running again':<40} {_ms(t_running - t0):>8}"
+    click.echo(click.style(total, bold=True))
     if slurm_delay > 5:
         click.echo(f"    (plain requeue: Slurm had set the begin time {slurm_delay:.0f} s ahead)")
     log = Path(again.stdout_path or "")
