@@ -1,0 +1,121 @@
+"""The decision core's vocabulary: Evidence -> Incident -> Verdict -> Advice.
+
+Frozen values only. The controller builds them from the store and Slurm (``scheduler.Job``
+and ``scheduler.Node`` are the core's view of the cluster) and hands them to the pure
+functions in ``detect``, ``attribute`` and ``advise``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from slurm_recovery.scheduler.base import Job, Node
+
+
+class FaultClass(StrEnum):
+    """Who is at fault: decides exclusion/drain (node) versus stop (application)."""
+
+    HARDWARE = "hardware"
+    SYSTEM = "system"
+    APPLICATION = "application"
+    UNKNOWN = "unknown"
+
+
+class IncidentKind(StrEnum):
+    CRASH = "crash"  # the job ended in failure
+    DOOMED = "doomed"  # a fatal fault hit a node of a running job: restart it away now
+    APP_FAULT = "app_fault"  # the application reported its own fatal error while running
+
+
+class Action(StrEnum):
+    """What the advice asks of the scheduler."""
+
+    REQUEUE_EXCLUDE = "requeue_exclude"  # requeue away from the implicated nodes
+    REQUEUE = "requeue"  # requeue, no exclusion (unknown cause, bounded)
+    STOP = "stop"  # do not restart; cancel if still running; say why
+    NONE = "none"  # nothing to do (e.g. not a fault)
+
+
+class Mode(StrEnum):
+    MONITOR = "monitor"  # advice recorded and published, Slurm untouched
+    ACT = "act"
+
+
+#: Evidence sources. Node-scoped sources may speak only about their own node.
+SOURCES = ("sidecar", "hook", "operator", "scheduler")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A fact, timestamped, attributed where known to a node, a GPU and a job.
+
+    Kinds the core understands (payload keys in brackets):
+    - ``xid``: an NVIDIA XID on ``node``/``gpu`` [xid: int, message: str]
+    - ``operator_report``: an operator says ``node`` is bad [reason: str, xid?: int]
+    - ``job_end``: a job ended [state: str, exit_code: int, signal: int]
+    - ``log_signature``: a recognised log line for ``job_id`` [signature: str,
+      fault_class: str, blame_node: bool, text: str] (the signals issue produces these)
+    Unknown kinds are kept and ignored by the core.
+    """
+
+    id: int
+    source: str
+    kind: str
+    observed_at: float
+    node: str | None = None
+    gpu: int | None = None
+    job_id: int | None = None
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What Slurm shows now, plus what the tool drained recently (for the blast radius)."""
+
+    now: float
+    jobs: Mapping[int, Job]
+    nodes: Mapping[str, Node]
+    #: node -> when the tool drained it (only drains still in force, any age)
+    drained_by_tool: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Incident:
+    """A job attempt in trouble. ``restart_count``/``submit_time`` pin the attempt."""
+
+    job_id: int
+    restart_count: int
+    submit_time: int
+    kind: IncidentKind
+    failed_at: float
+    trigger_ids: tuple[int, ...] = ()  # evidence that opened it
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Attribution: the class, the implicated nodes and GPUs, how sure, and on what."""
+
+    fault_class: FaultClass
+    nodes: frozenset[str] = frozenset()
+    gpus: frozenset[tuple[str, int]] = frozenset()
+    confidence: float = 0.0
+    evidence_ids: tuple[int, ...] = ()
+    cause: str = ""  # short, for reasons: "xid 79 (GPU fell off the bus)"
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What should happen for an incident, and why. ``rule`` names the policy key that decided."""
+
+    action: Action
+    mode: Mode
+    reason: str
+    rule: str
+    exclude: frozenset[str] = frozenset()
+    drain: frozenset[str] = frozenset()
+    needs_operator: bool = False
+    verdict: Verdict | None = None
