@@ -8,12 +8,14 @@ file, the dotted key, what is wrong and how to fix it: a typo in admin config is
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import os
 import re
 import stat
+import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
@@ -28,6 +30,8 @@ except ModuleNotFoundError:  # Python < 3.11
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-recovery/config.toml")
 #: Environment variable naming the config file; an explicit path (``--config``) wins over it.
 CONFIG_ENV_VAR = "SRECOVERY_CONFIG"
+#: Environment variable overriding ``client.url`` (where srecovery reaches the controller).
+URL_ENV_VAR = "SRECOVERY_URL"
 
 
 class ConfigError(ValueError):
@@ -180,6 +184,123 @@ def _cluster_name(value: Any) -> str:
     return name
 
 
+# A DNS name (RFC 1123): dot-separated labels of letters, digits and inner hyphens.
+_HOSTNAME = re.compile(
+    r"(?=.{1,253}\.?\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
+)
+_LISTEN_HINT = 'write "HOST:PORT", e.g. "0.0.0.0:7765", "head1:7765" or "[::1]:7765"'
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` -> ``(host, port)``; an IPv6 host is written in brackets, returned without.
+
+    HOST is an IPv4 address, a bracketed IPv6 address (``"[::]:7765"`` for every IPv6 address) or
+    a host name; PORT is 1 to 65535. Raises :class:`ValueError` saying how to write it otherwise.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"must be a string; {_LISTEN_HINT}")
+    if "://" in text:
+        raise ValueError(f"a URL is not an address to listen on; {_LISTEN_HINT}")
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise ValueError(f"unclosed '[' around an IPv6 address; {_LISTEN_HINT}")
+        host, rest = text[1:end], text[end + 1 :]
+        if not rest.startswith(":"):
+            raise ValueError(f"no port after the IPv6 address; {_LISTEN_HINT}")
+        port_text = rest[1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address; {_LISTEN_HINT}") from None
+    else:
+        host, colon, port_text = text.rpartition(":")
+        if not colon:
+            raise ValueError(f"no port; {_LISTEN_HINT}")
+        if ":" in host:
+            raise ValueError(f"an IPv6 address must be in brackets; {_LISTEN_HINT}")
+        if not host:
+            raise ValueError(f'no host; use "0.0.0.0" for every address; {_LISTEN_HINT}')
+        if re.fullmatch(r"[0-9.]+", host):
+            try:
+                ipaddress.IPv4Address(host)
+            except ValueError:
+                raise ValueError(f"{host!r} is not an IPv4 address; {_LISTEN_HINT}") from None
+        elif not _HOSTNAME.fullmatch(host):
+            raise ValueError(
+                f"{host!r} is not a host name or IP address (letters, digits, '-' and '.'); "
+                + _LISTEN_HINT
+            )
+    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"port {port_text!r} must be a number from 1 to 65535; {_LISTEN_HINT}")
+    return host, int(port_text)
+
+
+def _listen(value: Any) -> str:
+    split_host_port(value)
+    return value
+
+
+def _url(value: Any) -> str:
+    hint = 'e.g. "http://head1:7765" or "https://head1.example.org:7765"'
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string holding a URL, {hint}")
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"must start with http:// or https://, {hint}")
+    if re.search(r"[\s\x00-\x1f\x7f]", value):
+        raise ValueError(f"a URL cannot contain spaces or control characters, {hint}")
+    try:
+        parts = urllib.parse.urlsplit(value)
+        port = parts.port  # raises ValueError for a port out of range or not a number
+    except ValueError as exc:
+        raise ValueError(f"not a valid URL ({exc}), {hint}") from None
+    if not parts.hostname:
+        raise ValueError(f"no host after {parts.scheme}://, {hint}")
+    if port == 0:
+        raise ValueError(f"port must be from 1 to 65535, {hint}")
+    if parts.query or parts.fragment or "?" in value or "#" in value:
+        raise ValueError(f"must not contain '?' or '#', {hint}")
+    return value.rstrip("/")
+
+
+#: Limits of ``controller.max_request_bytes``.
+MIN_REQUEST_BYTES = 1024
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+
+def _request_bytes(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"must be a whole number of bytes from {MIN_REQUEST_BYTES} to {MAX_REQUEST_BYTES} "
+            "(64 MiB), without quotes, e.g. 1048576"
+        )
+    if not MIN_REQUEST_BYTES <= value <= MAX_REQUEST_BYTES:
+        raise ValueError(f"must be from {MIN_REQUEST_BYTES} to {MAX_REQUEST_BYTES} (64 MiB) bytes")
+    return value
+
+
+# A Unix user or group name as shadow-utils accepts it (a trailing $ marks Samba machine accounts).
+_UNIX_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\$?")
+
+
+def _unix_name(what: str, *, empty_ok: bool) -> Validator:
+    def check(value: Any) -> str:
+        fix = f'a {what} name such as "slurm"' + (', or ""' if empty_ok else "")
+        if not isinstance(value, str):
+            raise ValueError(f"must be a string: {fix}")
+        if value == "" and empty_ok:
+            return value
+        if not _UNIX_NAME.fullmatch(value) or len(value) > 256:
+            raise ValueError(
+                f"must be {fix} (letters, digits, '_', '.' and '-', not starting with a digit "
+                "or '-')"
+            )
+        return value
+
+    return check
+
+
 # --------------------------------------------------------------------------------- the schema
 
 
@@ -263,6 +384,110 @@ KEYS: tuple[Key, ...] = (
         "Least severe message written to the log.",
         _choice("debug", "info", "warning", "error"),
     ),
+    Key(
+        "controller",
+        "listen",
+        'string "HOST:PORT"',
+        "0.0.0.0:7765",
+        "Address and port the controller's HTTP API listens on. HOST is an IPv4 address, a host "
+        'name, or an IPv6 address in brackets ("[::1]:7765"); "0.0.0.0" means every IPv4 '
+        'address, "[::]" every IPv6 one. PORT is 1 to 65535.',
+        _listen,
+    ),
+    Key(
+        "controller",
+        "policy",
+        "absolute path",
+        "/etc/slurm-recovery/policy.toml",
+        "The decision policy file (docs/policy.md): what to do with each kind of incident.",
+        _path,
+    ),
+    Key(
+        "controller",
+        "loop_interval",
+        "duration, more than 0",
+        1,
+        "How often the controller reconciles with Slurm: reads jobs and nodes and advances the "
+        "actions in progress.",
+        _duration_above_zero,
+    ),
+    Key(
+        "controller",
+        "hold_deadline",
+        "duration, more than 0",
+        "2m",
+        "The longest a job may stay held by slurm-recovery; after it, the watchdog releases the "
+        "job so that normal scheduling proceeds.",
+        _duration_above_zero,
+    ),
+    Key(
+        "controller",
+        "max_request_bytes",
+        f"integer, {MIN_REQUEST_BYTES} to {MAX_REQUEST_BYTES} (64 MiB)",
+        1048576,
+        "Largest request body the controller's HTTP API accepts, in bytes; a larger one is "
+        "refused (HTTP 413).",
+        _request_bytes,
+    ),
+    Key(
+        "auth",
+        "munge_socket",
+        "absolute path, or empty",
+        "",
+        "Socket of the munged daemon used to check credentials. Empty: libmunge's default.",
+        _optional_path,
+    ),
+    Key(
+        "auth",
+        "max_age",
+        "duration, more than 0",
+        60,
+        "Credentials older than this are refused, even if MUNGE still accepts them.",
+        _duration_above_zero,
+    ),
+    Key(
+        "auth",
+        "operator_group",
+        "string (Unix group name), or empty",
+        "",
+        "Unix group whose members are operators (may act, not only read), besides root and the "
+        "SlurmUser. Empty: no group.",
+        _unix_name("group", empty_ok=True),
+    ),
+    Key(
+        "auth",
+        "slurm_user",
+        "string (Unix user name)",
+        "slurm",
+        "The SlurmUser (as in slurm.conf), who may act as an operator.",
+        _unix_name("user", empty_ok=False),
+    ),
+    Key(
+        "watchdog",
+        "interval",
+        "duration, more than 0",
+        10,
+        "How often the watchdog checks for jobs held past controller.hold_deadline.",
+        _duration_above_zero,
+    ),
+    Key(
+        "watchdog",
+        "spool_dir",
+        "absolute path",
+        "/var/lib/slurm-recovery/watchdog",
+        "Directory where the watchdog records the jobs it released, for the controller to copy "
+        "into its audit trail.",
+        _path,
+    ),
+    Key(
+        "client",
+        "url",
+        "string, an http:// or https:// URL",
+        "http://localhost:7765",
+        "Where srecovery and the sidecars reach the controller. The environment variable "
+        "SRECOVERY_URL overrides it. A trailing / is dropped.",
+        _url,
+    ),
 )
 
 _BY_DOTTED: dict[str, Key] = {key.dotted: key for key in KEYS}
@@ -301,6 +526,39 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class ControllerConfig:
+    listen: str = DEFAULTS["controller.listen"]
+    policy: Path = DEFAULTS["controller.policy"]
+    loop_interval: float = DEFAULTS["controller.loop_interval"]
+    hold_deadline: float = DEFAULTS["controller.hold_deadline"]
+    max_request_bytes: int = DEFAULTS["controller.max_request_bytes"]
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        """``listen`` split: ``("0.0.0.0", 7765)``; an IPv6 host comes without its brackets."""
+        return split_host_port(self.listen)
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    munge_socket: str = DEFAULTS["auth.munge_socket"]
+    max_age: float = DEFAULTS["auth.max_age"]
+    operator_group: str = DEFAULTS["auth.operator_group"]
+    slurm_user: str = DEFAULTS["auth.slurm_user"]
+
+
+@dataclass(frozen=True)
+class WatchdogConfig:
+    interval: float = DEFAULTS["watchdog.interval"]
+    spool_dir: Path = DEFAULTS["watchdog.spool_dir"]
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    url: str = DEFAULTS["client.url"]
+
+
+@dataclass(frozen=True)
 class Config:
     """The settings in force; ``source`` is the file they came from (None: all defaults)."""
 
@@ -308,6 +566,10 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
     source: Path | None = None
 
 
@@ -318,6 +580,10 @@ SECTIONS: Mapping[str, type] = MappingProxyType(
         "scheduler": SchedulerConfig,
         "store": StoreConfig,
         "log": LogConfig,
+        "controller": ControllerConfig,
+        "auth": AuthConfig,
+        "watchdog": WatchdogConfig,
+        "client": ClientConfig,
     }
 )
 
@@ -344,22 +610,38 @@ def resolve_config_path(
 def load_config(
     path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
 ) -> Config:
-    """Read and check the config file chosen by :func:`resolve_config_path`.
+    """Read and check the config file chosen by :func:`resolve_config_path`, then apply
+    ``$SRECOVERY_URL`` (which overrides ``client.url``) from ``env`` (default: ``os.environ``).
 
     A missing default file means all defaults; a missing file named by ``path`` or
     ``$SRECOVERY_CONFIG`` is an error. Raises :class:`ConfigError` listing every problem.
     """
+    env = os.environ if env is None else env
     file, named_by = resolve_config_path(path, env)
     try:
         text = _read_text(file)
     except FileNotFoundError:
         if named_by is None:
-            return Config()
+            return _apply_env(Config(), env)
         raise ConfigError(
             f"{file}: no such file (named by {named_by}); check the path, or create the file "
             "(docs/configuration.md lists every key)"
         ) from None
-    return config_from_toml(text, file)
+    return _apply_env(config_from_toml(text, file), env)
+
+
+def _apply_env(loaded: Config, env: Mapping[str, str]) -> Config:
+    """``$SRECOVERY_URL``, when set and not empty, replaces ``client.url``."""
+    url = env.get(URL_ENV_VAR)
+    if not url:
+        return loaded
+    try:
+        checked = _url(url)
+    except ValueError as exc:
+        raise ConfigError(
+            f"${URL_ENV_VAR} = {url!r}: {exc}; or unset it to use client.url from the config file"
+        ) from None
+    return replace(loaded, client=replace(loaded.client, url=checked))
 
 
 def config_from_toml(text: str, source: str | os.PathLike[str] | None = None) -> Config:

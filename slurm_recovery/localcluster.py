@@ -141,7 +141,7 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def _alive(pid: int, must_contain: str) -> bool:
+def process_alive(pid: int, must_contain: str) -> bool:
     """pid runs and its command line contains ``must_contain`` (guards against pid reuse)."""
     if pid <= 0:
         return False
@@ -151,19 +151,19 @@ def _alive(pid: int, must_contain: str) -> bool:
     return must_contain in " ".join(_cmdline(pid))
 
 
-def _stop(pid: int, must_contain: str, timeout: float = 10.0) -> bool:
+def stop_process(pid: int, must_contain: str, timeout: float = 10.0) -> bool:
     """SIGTERM, then SIGKILL after ``timeout``; only if the pid is still what we started."""
-    if not _alive(pid, must_contain):
+    if not process_alive(pid, must_contain):
         return False
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _alive(pid, must_contain):
+        if not process_alive(pid, must_contain):
             return True
         time.sleep(0.05)
-    if _alive(pid, must_contain):
+    if process_alive(pid, must_contain):
         os.kill(pid, signal.SIGKILL)
-        while _alive(pid, must_contain):
+        while process_alive(pid, must_contain):
             time.sleep(0.05)
     return True
 
@@ -219,7 +219,7 @@ def _job_pids(spec: ClusterSpec) -> list[int]:
     return ordered
 
 
-def _spawn(argv: list[str], log: Path, env: dict[str, str], user: str | None = None) -> int:
+def spawn_daemon(argv: list[str], log: Path, env: dict[str, str], user: str | None = None) -> int:
     """Start a daemon in its own session; the pid returned is the daemon itself."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(
@@ -392,10 +392,10 @@ def up(spec: ClusterSpec, timeout: float = 90.0, keep_state: bool = False) -> Cl
     def save() -> None:
         _save_state(spec.base, {"spec": spec.to_json(), "pids": pids})
 
-    if not _alive(pids.get("munged", 0), "munged"):
+    if not process_alive(pids.get("munged", 0), "munged"):
         _prepare_munge_dirs(spec)
         spec.munge_socket.unlink(missing_ok=True)
-        pids["munged"] = _spawn(
+        pids["munged"] = spawn_daemon(
             [
                 "munged",
                 "--foreground",
@@ -410,11 +410,11 @@ def up(spec: ClusterSpec, timeout: float = 90.0, keep_state: bool = False) -> Cl
         save()
         _wait(lambda: _munge_works(spec), 10, "munged did not start", log / "munged.log")
 
-    if not _alive(pids.get("slurmctld", 0), "slurmctld"):
+    if not process_alive(pids.get("slurmctld", 0), "slurmctld"):
         argv = ["slurmctld", "-D", "-f", str(spec.slurm_conf)]
         if not keep_state:
             argv.append("-c")  # a fresh cluster: no jobs or drains from an earlier run
-        pids["slurmctld"] = _spawn(argv, log / "slurmctld.out", env)
+        pids["slurmctld"] = spawn_daemon(argv, log / "slurmctld.out", env)
         save()
         _wait(
             lambda: _controller_answers(spec),
@@ -425,8 +425,8 @@ def up(spec: ClusterSpec, timeout: float = 90.0, keep_state: bool = False) -> Cl
 
     for node in spec.node_names:
         key = f"slurmd:{node}"
-        if not _alive(pids.get(key, 0), f"-N {node}"):
-            pids[key] = _spawn(
+        if not process_alive(pids.get(key, 0), f"-N {node}"):
+            pids[key] = spawn_daemon(
                 ["slurmd", "-D", "-N", node, "-f", str(spec.slurm_conf)],
                 log / f"slurmd-{node}.out",
                 env,
@@ -475,13 +475,13 @@ def any_running(spec: ClusterSpec) -> bool:
     state = _load_state(spec.base)
     if not state:
         return False
-    return any(_alive(pid, must) for _, pid, must in _processes(spec, state["pids"]))
+    return any(process_alive(pid, must) for _, pid, must in _processes(spec, state["pids"]))
 
 
 def stop_slurmctld(base: Path) -> None:
     """Stop only slurmctld (to test what happens while the controller is down)."""
     state = _require_state(base)
-    _stop(state["pids"].get("slurmctld", 0), "slurmctld")
+    stop_process(state["pids"].get("slurmctld", 0), "slurmctld")
 
 
 def down(base: Path) -> list[str]:
@@ -494,7 +494,7 @@ def down(base: Path) -> list[str]:
     rows = _processes(spec, state["pids"])
     order = {"slurmd": 0, "slurmctld": 1, "munged": 2}  # munged last: the others need it
     for label, pid, must in sorted(rows, key=lambda r: order[r[0].split(":")[0]]):
-        if _stop(pid, must):
+        if stop_process(pid, must):
             stopped.append(f"{label} (pid {pid})")
     for pid in _job_pids(spec):  # steps outlive slurmd; their jobs must not outlive `down`
         label = " ".join(_cmdline(pid)) or "?"
@@ -516,7 +516,7 @@ def status(base: Path) -> dict:
     state = _require_state(base)
     spec = ClusterSpec.from_json(state["spec"])
     procs = {
-        label: {"pid": pid, "running": _alive(pid, must)}
+        label: {"pid": pid, "running": process_alive(pid, must)}
         for label, pid, must in _processes(spec, state["pids"])
     }
     return {

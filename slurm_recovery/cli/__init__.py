@@ -10,14 +10,17 @@ from pathlib import Path
 import click
 
 from slurm_recovery import __version__, hostlist
+from slurm_recovery.cli.controller_cmds import advice, explain, report
 from slurm_recovery.cli.demo import demo
+from slurm_recovery.cli.dev import dev
 from slurm_recovery.config import Config, ConfigError, load_config
 from slurm_recovery.scheduler import SchedulerError, Unreachable, open_scheduler
+from slurm_recovery.watchdog import watchdog_command
 
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
 
 
-def _load(ctx: click.Context) -> Config:
+def load_or_exit(ctx: click.Context) -> Config:
     try:
         return load_config(ctx.obj["config_path"])
     except ConfigError as exc:
@@ -52,7 +55,7 @@ def config() -> None:
 @click.pass_context
 def config_check(ctx: click.Context, as_json: bool) -> None:
     """Validate the config file and print the effective settings (defaults filled in)."""
-    cfg = _load(ctx)
+    cfg = load_or_exit(ctx)
     data = asdict(cfg)
     source = data.pop("source")
     if as_json:
@@ -70,7 +73,7 @@ def config_check(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def slurm(ctx: click.Context, as_json: bool) -> None:
     """Show what slurm-recovery sees in Slurm: backend, cluster, nodes and active jobs."""
-    cfg = _load(ctx)
+    cfg = load_or_exit(ctx)
     try:
         sched = open_scheduler(
             cfg.scheduler.backend,
@@ -111,6 +114,11 @@ def slurm(ctx: click.Context, as_json: bool) -> None:
 
 
 cli.add_command(demo)
+cli.add_command(report)
+cli.add_command(advice)
+cli.add_command(explain)
+cli.add_command(dev)
+cli.add_command(watchdog_command, name="watchdog")
 
 
 def main() -> None:

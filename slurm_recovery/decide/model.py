@@ -58,6 +58,9 @@ class Evidence:
     - ``job_end``: a job ended [state: str, exit_code: int, signal: int]
     - ``log_signature``: a recognised log line for ``job_id`` [signature: str,
       fault_class: str, blame_node: bool, text: str] (the signals issue produces these)
+    - ``node_state``: what Slurm showed for ``node`` (source ``scheduler``) [state: str,
+      flags: list[str], reason: str]; a DOWN/FAIL/NOT_RESPONDING node of a job that ended
+      NODE_FAIL is implicated by it (without it, no node is: nodes need evidence)
     Unknown kinds are kept and ignored by the core.
     """
 

@@ -101,6 +101,8 @@ class Node:
     flags: frozenset[str] = frozenset()
     reason: str = ""
     partitions: tuple[str, ...] = field(default_factory=tuple)
+    address: str = ""  # NodeAddr: where slurmctld reaches it (and where its reports come from)
+    hostname: str = ""  # NodeHostname
 
     @property
     def drained(self) -> bool:
@@ -189,6 +191,10 @@ class Scheduler(Protocol):
         """Cancel the job, recording ``reason`` in its AdminComment first (visible to admins)."""
         ...
 
+    def set_admin_comment(self, job_id: int, text: str) -> None:
+        """Replace the job's AdminComment (one line, sanitized): the tool's marks and notes."""
+        ...
+
     def drain_node(self, name: str, reason: str) -> None:
         """Drain with a reason that shows in ``sinfo -R``."""
         ...
@@ -260,6 +266,9 @@ class SchedulerSteps:
     def cancel(self, job_id: int, reason: str) -> None:
         self._write_admin_comment(job_id, admin_comment_for(reason))
         self._signal_cancel(job_id)
+
+    def set_admin_comment(self, job_id: int, text: str) -> None:
+        self._write_admin_comment(job_id, sanitize_reason(text))
 
     def drain_node(self, name: str, reason: str) -> None:
         self._write_node_state(name, "DRAIN", sanitize_reason(reason))

@@ -122,6 +122,8 @@ def node_from_pyslurm(node: Any) -> Node:
         flags=frozenset(flags),
         reason=_str(node.reason),
         partitions=tuple(node.partitions or ()),
+        address=_str(node.address),
+        hostname=_str(node.hostname),
     )
 
 

@@ -111,6 +111,8 @@ def node_from_json(data: dict[str, Any]) -> Node:
         flags=flags,
         reason=data.get("reason", "") or "",
         partitions=tuple(data.get("partitions", []) or []),
+        address=data.get("address", "") or "",
+        hostname=data.get("hostname", "") or "",
     )
 
 

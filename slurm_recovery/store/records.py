@@ -39,6 +39,7 @@ class Evidence:
     gpu: int | None = None
     attempt_id: int | None = None
     payload: Mapping[str, Any] = field(default_factory=dict)
+    job_id: int | None = None
 
     def __post_init__(self) -> None:
         check_text(self.source, "Evidence.source")
@@ -50,6 +51,7 @@ class Evidence:
             check_text(self.node, "Evidence.node")
         check_optional_int(self.gpu, "Evidence.gpu")
         check_optional_int(self.attempt_id, "Evidence.attempt_id", minimum=1)
+        check_optional_int(self.job_id, "Evidence.job_id", minimum=1)
         payload_json = check_payload(self.payload, "Evidence.payload")
         object.__setattr__(self, "payload", json.loads(payload_json))
 

@@ -150,7 +150,17 @@ _V2 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
+_V3 = Migration(
+    3,
+    "evidence names the Slurm job it is about (known at ingest, before the attempt is)",
+    (
+        "ALTER TABLE evidence ADD COLUMN job_id INTEGER CHECK (job_id IS NULL OR job_id > 0)",
+        "CREATE INDEX evidence_by_time ON evidence (observed_at)",
+        "CREATE INDEX evidence_by_job ON evidence (job_id, observed_at) WHERE job_id IS NOT NULL",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
 LATEST_VERSION = MIGRATIONS[-1].version
 
 

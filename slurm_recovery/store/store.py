@@ -58,7 +58,9 @@ from .values import (
 DEFAULT_PATH = Path("/var/lib/slurm-recovery/state.db")
 
 _ATTEMPT_COLS = "id, history_id, cluster, job_id, submit_time, restart_count, first_seen_at"
-_EVIDENCE_COLS = "id, received_at, source, kind, observed_at, node, gpu, attempt_id, payload"
+_EVIDENCE_COLS = (
+    "id, received_at, source, kind, observed_at, node, gpu, attempt_id, payload, job_id"
+)
 _INCIDENT_COLS = "id, attempt_id, kind, opened_at, summary, closed_at, outcome"
 _ADVICE_COLS = "id, incident_id, generation, created_at, decision, reason, verdict"
 _ACTION_COLS = "id, advice_id, step, target, result, started_at, finished_at, params, message"
@@ -389,7 +391,7 @@ class Store:
             for item in items:
                 cursor = conn.execute(
                     "INSERT INTO evidence (received_at, observed_at, source, kind, node, gpu, "
-                    "attempt_id, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "attempt_id, payload, job_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         received,
                         item.observed_at,
@@ -399,6 +401,7 @@ class Store:
                         item.gpu,
                         item.attempt_id,
                         item.payload_json,
+                        item.job_id,
                     ),
                 )
                 assert cursor.lastrowid is not None
@@ -425,13 +428,14 @@ class Store:
         *,
         node: str | None = None,
         attempt_id: int | None = None,
+        job_id: int | None = None,
         since: float | None = None,
         until: float | None = None,
         limit: int = 10_000,
     ) -> list[EvidenceRecord]:
-        """Evidence observed in ``[since, until]`` for a node and/or attempt, oldest first."""
+        """Evidence observed in ``[since, until]`` for a node, attempt and/or job, oldest first."""
         clauses, args = [], []
-        for column, value in (("node", node), ("attempt_id", attempt_id)):
+        for column, value in (("node", node), ("attempt_id", attempt_id), ("job_id", job_id)):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 args.append(value)
@@ -861,8 +865,8 @@ def _attempt(row: Sequence[Any]) -> AttemptRecord:
 
 
 def _evidence(row: Sequence[Any]) -> EvidenceRecord:
-    evidence_id, received_at, source, kind, observed_at, node, gpu, attempt_id, payload = row
-    evidence = Evidence(source, kind, observed_at, node, gpu, attempt_id, _loads(payload))
+    evidence_id, received_at, source, kind, observed_at, node, gpu, attempt_id, payload, job = row
+    evidence = Evidence(source, kind, observed_at, node, gpu, attempt_id, _loads(payload), job)
     return EvidenceRecord(evidence_id, received_at, evidence)
 
 

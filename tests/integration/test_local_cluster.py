@@ -85,7 +85,7 @@ def test_lifecycle_beside_the_session_cluster(local_cluster, slurm_env):
         stopped = run(*common, "down").stdout
         assert "stopped slurmctld" in stopped and "stopped munged" in stopped
         pids = [p["pid"] for p in status["processes"].values()]
-        assert not [p for p in pids if localcluster._alive(p, "")]
+        assert not [p for p in pids if localcluster.process_alive(p, "")]
         assert processes_with_conf(conf) == []
         # the session's cluster was never touched
         nodes = subprocess.run(

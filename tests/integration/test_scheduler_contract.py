@@ -139,6 +139,17 @@ def test_cancel_records_the_reason(scheduler: Scheduler, submit):
     assert refused.value.slurm_message
 
 
+def test_admin_comment_survives_requeue(scheduler: Scheduler, submit):
+    """The hold mark is written before requeue-hold; it must still be there afterwards."""
+    job_id = submit("-N1", "--wrap=sleep 600")
+    wait_for(lambda: running(scheduler, job_id))
+    scheduler.set_admin_comment(job_id, "srecovery:held:7:1795960000\nsecond line")
+    scheduler.requeue_hold(job_id)
+    held = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "PENDING" and j)
+    assert held.admin_comment == "srecovery:held:7:1795960000 second line"
+    scheduler.release(job_id)
+
+
 def test_drain_and_resume_with_reason_in_sinfo(scheduler: Scheduler, slurm_env):
     hostile = 'xid 79 on gpu1\n; rm -rf / "$(id)" \x00 `reboot`'
     scheduler.drain_node("n4", hostile)

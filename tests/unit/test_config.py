@@ -21,18 +21,24 @@ from slurm_recovery.config import (
     DURATION_UNITS,
     KEYS,
     SECTIONS,
+    URL_ENV_VAR,
+    AuthConfig,
+    ClientConfig,
     ClusterConfig,
     Config,
     ConfigError,
+    ControllerConfig,
     LogConfig,
     SchedulerConfig,
     StoreConfig,
+    WatchdogConfig,
     config_from_dict,
     config_from_toml,
     format_duration,
     load_config,
     parse_duration,
     resolve_config_path,
+    split_host_port,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,6 +203,26 @@ path = "/srv/srecovery/state.db"
 
 [log]
 level = "WARNING"
+
+[controller]
+listen = "[::1]:8000"
+policy = "/srv/srecovery/policy.toml"
+loop_interval = "500ms"
+hold_deadline = "5m"
+max_request_bytes = 4096
+
+[auth]
+munge_socket = "/run/munge/other.socket"
+max_age = "30s"
+operator_group = "hpc-admin"
+slurm_user = "slurmsvc"
+
+[watchdog]
+interval = 20
+spool_dir = "/srv/srecovery/watchdog"
+
+[client]
+url = "https://head1.example.org:8000/"
 """,
     )
     assert load_config(path, env={}) == Config(
@@ -209,6 +235,21 @@ level = "WARNING"
         ),
         store=StoreConfig(path=Path("/srv/srecovery/state.db")),
         log=LogConfig(level="warning"),
+        controller=ControllerConfig(
+            listen="[::1]:8000",
+            policy=Path("/srv/srecovery/policy.toml"),
+            loop_interval=0.5,
+            hold_deadline=300.0,
+            max_request_bytes=4096,
+        ),
+        auth=AuthConfig(
+            munge_socket="/run/munge/other.socket",
+            max_age=30.0,
+            operator_group="hpc-admin",
+            slurm_user="slurmsvc",
+        ),
+        watchdog=WatchdogConfig(interval=20.0, spool_dir=Path("/srv/srecovery/watchdog")),
+        client=ClientConfig(url="https://head1.example.org:8000"),
         source=path,
     )
 
@@ -289,6 +330,248 @@ def test_durations_in_the_file(tmp_path):
     for text, seconds in [("'90s'", 90.0), ("'5m'", 300.0), ("'1h'", 3600.0), ("7", 7.0)]:
         path = write(tmp_path, f"[scheduler]\ncommand_timeout = {text}\n")
         assert load_config(path, env={}).scheduler.command_timeout == seconds
+
+
+def test_new_section_defaults():
+    loaded = Config()
+    assert loaded.controller == ControllerConfig(
+        listen="0.0.0.0:7765",
+        policy=Path("/etc/slurm-recovery/policy.toml"),
+        loop_interval=1.0,
+        hold_deadline=120.0,
+        max_request_bytes=1048576,
+    )
+    assert loaded.controller.listen_host_port == ("0.0.0.0", 7765)
+    assert loaded.auth == AuthConfig(
+        munge_socket="", max_age=60.0, operator_group="", slurm_user="slurm"
+    )
+    assert loaded.watchdog == WatchdogConfig(
+        interval=10.0, spool_dir=Path("/var/lib/slurm-recovery/watchdog")
+    )
+    assert loaded.client == ClientConfig(url="http://localhost:7765")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0.0.0.0:7765", ("0.0.0.0", 7765)),
+        ("127.0.0.1:1", ("127.0.0.1", 1)),
+        ("head1:65535", ("head1", 65535)),
+        ("head1.cluster.example.org:80", ("head1.cluster.example.org", 80)),
+        ("localhost:7765", ("localhost", 7765)),
+        ("[::1]:7765", ("::1", 7765)),
+        ("[::]:7765", ("::", 7765)),
+        ("[fe80::1%eth0]:7765", ("fe80::1%eth0", 7765)),
+    ],
+)
+def test_split_host_port(text, expected):
+    assert split_host_port(text) == expected
+    assert config_from_dict({"controller": {"listen": text}}).controller.listen == text
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0.0.0.0", "no port"),
+        ("head1", "no port"),
+        (":7765", "no host"),
+        ("0.0.0.0:", "port '' must be a number from 1 to 65535"),
+        ("0.0.0.0:0", "port '0' must be a number from 1 to 65535"),
+        ("0.0.0.0:65536", "port '65536' must be a number from 1 to 65535"),
+        ("0.0.0.0:-1", "must be a number from 1 to 65535"),
+        ("0.0.0.0:http", "must be a number from 1 to 65535"),
+        ("0.0.0.0:\u0663", "must be a number from 1 to 65535"),
+        ("::1:7765", "an IPv6 address must be in brackets"),
+        ("[::1:7765", "unclosed '['"),
+        ("[::1]7765", "no port after the IPv6 address"),
+        ("[::1]", "no port after the IPv6 address"),
+        ("[head1]:7765", "'head1' is not an IPv6 address"),
+        ("[1.2.3.4]:7765", "not an IPv6 address"),
+        ("999.1.1.1:7765", "'999.1.1.1' is not an IPv4 address"),
+        ("1.2.3:7765", "not an IPv4 address"),
+        ("head_1:7765", "not a host name or IP address"),
+        ("-head:7765", "not a host name or IP address"),
+        ("my host:7765", "not a host name or IP address"),
+        ("http://head1:7765", "a URL is not an address to listen on"),
+        ("", "no port"),
+    ],
+)
+def test_bad_listen_values(tmp_path, value, expected):
+    path = write(tmp_path, f'[controller]\nlisten = "{value}"\n')
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    [problem] = problems(excinfo)
+    assert problem.startswith(f"{path}: controller.listen = ")
+    assert expected in problem
+    assert '"[::1]:7765"' in problem  # says how to write it
+
+
+def test_listen_must_be_a_string():
+    with pytest.raises(ConfigError, match=r"controller\.listen = 7765: must be a string"):
+        config_from_dict({"controller": {"listen": 7765}})
+    with pytest.raises(ValueError, match="must be a string"):
+        split_host_port(7765)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [1024, 1048576, 64 * 1024 * 1024])
+def test_max_request_bytes_bounds_accepted(value):
+    loaded = config_from_dict({"controller": {"max_request_bytes": value}})
+    assert loaded.controller.max_request_bytes == value
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("max_request_bytes = 1023", "must be from 1024 to 67108864 (64 MiB) bytes"),
+        ("max_request_bytes = 67108865", "must be from 1024 to 67108864 (64 MiB) bytes"),
+        ("max_request_bytes = 0", "must be from 1024"),
+        ("max_request_bytes = -1", "must be from 1024"),
+        ("max_request_bytes = 1e6", "must be a whole number of bytes"),
+        ("max_request_bytes = '1MiB'", "must be a whole number of bytes"),
+        ("max_request_bytes = true", "must be a whole number of bytes"),
+        ("loop_interval = 0", "controller.loop_interval = 0: must be more than 0 seconds"),
+        ("hold_deadline = '0s'", "controller.hold_deadline = '0s': must be more than 0 seconds"),
+        ("hold_deadline = 'soon'", "not a duration"),
+        ("policy = 'policy.toml'", "controller.policy = 'policy.toml': must be an absolute path"),
+        ("policy = ''", "controller.policy = '': must be an absolute path"),
+    ],
+)
+def test_bad_controller_values(tmp_path, line, expected):
+    path = write(tmp_path, f"[controller]\n{line}\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    [problem] = problems(excinfo)
+    assert problem.startswith(f"{path}: controller.")
+    assert expected in problem
+
+
+@pytest.mark.parametrize(
+    ("section", "line", "expected"),
+    [
+        ("auth", "munge_socket = 'munge.socket'", "must be an absolute path"),
+        ("auth", "max_age = 0", "must be more than 0 seconds"),
+        ("auth", "max_age = -5", "cannot be negative"),
+        ("auth", "operator_group = 'hpc admin'", "must be a group name"),
+        ("auth", "operator_group = '1admins'", "must be a group name"),
+        ("auth", "operator_group = 5", "must be a string"),
+        ("auth", "slurm_user = ''", "must be a user name"),
+        ("auth", "slurm_user = 'slurm:slurm'", "must be a user name"),
+        ("auth", "slurm_user = 64030", "must be a string"),
+        ("watchdog", "interval = 0", "must be more than 0 seconds"),
+        ("watchdog", "spool_dir = 'spool'", "must be an absolute path"),
+        ("watchdog", "spool_dir = ''", "must be an absolute path"),
+    ],
+)
+def test_bad_auth_and_watchdog_values(tmp_path, section, line, expected):
+    path = write(tmp_path, f"[{section}]\n{line}\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    [problem] = problems(excinfo)
+    assert problem.startswith(f"{path}: {section}.")
+    assert expected in problem
+
+
+def test_auth_names_accepted():
+    loaded = config_from_dict(
+        {"auth": {"operator_group": "hpc-admin.ops_1", "slurm_user": "_slurm"}}
+    )
+    assert loaded.auth.operator_group == "hpc-admin.ops_1"
+    assert loaded.auth.slurm_user == "_slurm"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("http://head1:7765", "http://head1:7765"),
+        ("https://head1.example.org", "https://head1.example.org"),
+        ("http://head1:7765/", "http://head1:7765"),
+        ("http://[::1]:7765", "http://[::1]:7765"),
+        ("https://proxy.example.org/srecovery/", "https://proxy.example.org/srecovery"),
+    ],
+)
+def test_good_urls(value, expected):
+    assert config_from_dict({"client": {"url": value}}).client.url == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("head1:7765", "must start with http:// or https://"),
+        ("ftp://head1", "must start with http:// or https://"),
+        ("HTTP://head1", "must start with http:// or https://"),
+        ("//head1:7765", "must start with http:// or https://"),
+        ("", "must start with http:// or https://"),
+        ("http://", "no host after http://"),
+        ("http://:7765", "no host after http://"),
+        ("http://head1:99999", "not a valid URL"),
+        ("http://head1:port", "not a valid URL"),
+        ("http://head1:0", "port must be from 1 to 65535"),
+        ("http://[::1:7765", "not a valid URL"),
+        ("http://head 1:7765", "cannot contain spaces"),
+        ("http://head1/?x=1", "must not contain '?' or '#'"),
+        ("http://head1/#top", "must not contain '?' or '#'"),
+    ],
+)
+def test_bad_urls(tmp_path, value, expected):
+    path = write(tmp_path, f'[client]\nurl = "{value}"\n')
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    [problem] = problems(excinfo)
+    assert problem.startswith(f"{path}: client.url = ")
+    assert expected in problem
+
+
+def test_url_must_be_a_string():
+    with pytest.raises(ConfigError, match=r"client\.url = 7765: must be a string holding a URL"):
+        config_from_dict({"client": {"url": 7765}})
+
+
+# --------------------------------------------------------------------------------- SRECOVERY_URL
+
+
+def test_srecovery_url_overrides_the_file(tmp_path):
+    path = write(tmp_path, '[client]\nurl = "http://head1:7765"\n[log]\nlevel = "debug"\n')
+    loaded = load_config(path, env={URL_ENV_VAR: "https://head2:8443/"})
+    assert loaded.client.url == "https://head2:8443"
+    assert loaded.log.level == "debug"  # the rest of the file still applies
+    assert loaded.source == path
+    assert load_config(path, env={}).client.url == "http://head1:7765"
+
+
+def test_srecovery_url_overrides_the_defaults(no_default_file):
+    loaded = load_config(env={URL_ENV_VAR: "http://head2:7765"})
+    assert loaded == dataclasses.replace(Config(), client=ClientConfig(url="http://head2:7765"))
+
+
+def test_empty_srecovery_url_counts_as_unset(tmp_path, no_default_file):
+    assert load_config(env={URL_ENV_VAR: ""}) == Config()
+    path = write(tmp_path, '[client]\nurl = "http://head1:7765"\n')
+    assert load_config(path, env={URL_ENV_VAR: ""}).client.url == "http://head1:7765"
+
+
+def test_bad_srecovery_url_is_an_error_naming_the_variable(no_default_file):
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(env={URL_ENV_VAR: "head2:7765"})
+    [problem] = problems(excinfo)
+    assert problem.startswith("$SRECOVERY_URL = 'head2:7765': must start with http:// or https://")
+    assert "unset it" in problem
+
+
+def test_srecovery_url_read_from_the_process_environment(monkeypatch, no_default_file):
+    monkeypatch.delenv(CONFIG_ENV_VAR, raising=False)
+    monkeypatch.setenv(URL_ENV_VAR, "http://from-env:7765")
+    assert load_config().client.url == "http://from-env:7765"
+
+
+def test_config_from_toml_and_dict_ignore_srecovery_url(monkeypatch):
+    monkeypatch.setenv(URL_ENV_VAR, "http://from-env:7765")
+    assert config_from_toml("").client.url == "http://localhost:7765"
+    assert config_from_dict({}).client.url == "http://localhost:7765"
+
+
+def test_docs_and_example_mention_srecovery_url():
+    assert "SRECOVERY_URL" in DOCS.read_text()
+    assert "SRECOVERY_URL" in EXAMPLE.read_text()
 
 
 # --------------------------------------------------------------------------------- unknown keys
@@ -502,7 +785,9 @@ def test_format_duration_examples():
                 st.integers(),
                 st.floats(),
                 st.booleans(),
-                st.sampled_from(["auto", "debug", "/abs", "5m", "scontrol"]),
+                st.sampled_from(
+                    ["auto", "debug", "/abs", "5m", "scontrol", "[::1]:80", "h:1", "http://h"]
+                ),
             ),
         ),
     )

@@ -232,14 +232,21 @@ def test_list_jobs_reads_all_jobs_once_sorted_by_id(sched, world):
 
 
 def test_nodes_split_state_into_base_and_flags(sched, world):
-    world.node_record("n1", state="IDLE", partitions=["gpu"])
+    world.node_record("n1", state="IDLE", partitions=["gpu"], address="10.0.0.1", hostname="gpu-n1")
     world.node_record(
         "n2", state="MIXED+DRAIN", reason="xid 79 on GPU 3", partitions=["gpu", "debug"]
     )
     world.node_record("n3", state="DOWN+NOT_RESPONDING", reason="Not responding")
     nodes = {n.name: n for n in sched.list_nodes()}
     assert list(nodes) == ["n1", "n2", "n3"]
-    assert nodes["n1"] == Node(name="n1", state="IDLE", flags=frozenset(), partitions=("gpu",))
+    assert nodes["n1"] == Node(
+        name="n1",
+        state="IDLE",
+        flags=frozenset(),
+        partitions=("gpu",),
+        address="10.0.0.1",  # node.pyx:445 Node.address (NodeAddr)
+        hostname="gpu-n1",  # node.pyx:453 Node.hostname (NodeHostname)
+    )
     assert nodes["n2"] == Node(
         name="n2",
         state="MIXED",

@@ -53,6 +53,7 @@ def test_recorded_22_05_nodes():
     assert nodes["n4"].drained and nodes["n4"].reason == "xid 79 gpu1"
     assert nodes["n1"].state in {"MIXED", "ALLOCATED"} and not nodes["n1"].drained
     assert nodes["n1"].partitions == ("debug",)
+    assert (nodes["n1"].address, nodes["n1"].hostname) == ("127.0.0.1", "vm")
 
 
 def test_newer_slurm_shapes():

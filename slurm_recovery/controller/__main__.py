@@ -1,0 +1,5 @@
+"""``python -m slurm_recovery.controller`` = ``srecovery-controller``."""
+
+from slurm_recovery.controller import main
+
+main()

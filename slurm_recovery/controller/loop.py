@@ -1,0 +1,648 @@
+"""The recovery loop: read Slurm, detect and decide (pure core), then do the next missing step.
+
+Level-triggered: every pass compares what the advice requires with what Slurm shows now and
+performs only the step that is missing, recording it (action row, milestone, audit row) as it
+goes. Nothing about "what I was doing" lives only in memory, so the process may die at any
+line; the next one reads the store and Slurm and carries on without doing a step twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_recovery import hostlist
+from slurm_recovery.decide.advise import advise, after_drains
+from slurm_recovery.decide.attribute import attribute
+from slurm_recovery.decide.catalogue import XidCatalogue
+from slurm_recovery.decide.detect import detect
+from slurm_recovery.decide.model import Action, ClusterView, Mode, Verdict
+from slurm_recovery.decide.model import Evidence as CoreEvidence
+from slurm_recovery.decide.model import Incident as CoreIncident
+from slurm_recovery.decide.policy import Policy
+from slurm_recovery.holdmark import hold_mark, parse_hold_mark
+from slurm_recovery.scheduler import Job, Scheduler, SchedulerError, Unreachable
+from slurm_recovery.store import (
+    Advice,
+    EvidenceRecord,
+    Incident,
+    JobAttempt,
+    NodeState,
+    Store,
+)
+
+log = logging.getLogger("srecovery.controller")
+
+#: How far back evidence matters to detection and attribution (covers the policy windows).
+EVIDENCE_HORIZON = 3600.0
+#: Failed steps on one incident before the controller stops trying and asks for an operator.
+MAX_FAILED_STEPS = 5
+#: Environment variable naming a step after which the controller kills itself (tests only).
+FAILPOINT_ENV = "SRECOVERY_FAILPOINT"
+
+#: Job states from which ``requeue_hold`` moves a job back to pending.
+_REQUEUEABLE = frozenset(
+    {"RUNNING", "SUSPENDED", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "TIMEOUT"}
+)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The advice in force for an incident, read back from the store."""
+
+    advice_id: int
+    action: Action
+    mode: Mode
+    reason: str
+    rule: str
+    exclude: frozenset[str]
+    drain: frozenset[str]
+    needs_operator: bool
+    cause: str
+    fault_class: str
+
+    @classmethod
+    def from_advice(cls, advice: Advice) -> Planned:
+        v = advice.verdict
+        return cls(
+            advice_id=advice.id,
+            action=Action(advice.decision),
+            mode=Mode(v["mode"]),
+            reason=advice.reason,
+            rule=v.get("rule", ""),
+            exclude=frozenset(v.get("exclude", [])),
+            drain=frozenset(v.get("drain", [])),
+            needs_operator=bool(v.get("needs_operator")),
+            cause=v.get("verdict", {}).get("cause", ""),
+            fault_class=v.get("verdict", {}).get("fault_class", "unknown"),
+        )
+
+
+def core_evidence(record: EvidenceRecord) -> CoreEvidence:
+    e = record.evidence
+    return CoreEvidence(
+        id=record.id,
+        source=e.source,
+        kind=e.kind,
+        observed_at=e.observed_at,
+        node=e.node,
+        gpu=e.gpu,
+        job_id=e.job_id,
+        payload=e.payload,
+    )
+
+
+def verdict_json(verdict: Verdict) -> dict[str, Any]:
+    return {
+        "fault_class": str(verdict.fault_class),
+        "nodes": sorted(verdict.nodes),
+        "gpus": sorted([list(g) for g in verdict.gpus]),
+        "confidence": verdict.confidence,
+        "evidence_ids": list(verdict.evidence_ids),
+        "cause": verdict.cause,
+    }
+
+
+class Reconciler:
+    """One controller's loop. Owns its Store connection: call only from one thread."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        scheduler: Scheduler,
+        policy: Policy,
+        catalogue: XidCatalogue,
+        cluster: str,
+        hold_deadline: float,
+        spool_dir: Path | None = None,
+        metrics: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.scheduler = scheduler
+        self.policy = policy
+        self.catalogue = catalogue
+        self.cluster = cluster
+        self.hold_deadline = hold_deadline
+        self.spool_dir = spool_dir
+        self.metrics = metrics
+        self.clock = clock
+        self.failpoint = os.environ.get(FAILPOINT_ENV, "")
+        # (job_id, restart_count) -> submit times with an incident: derived from the store.
+        self._handled: dict[tuple[int, int], set[int]] = {}
+        for incident in store.list_incidents(limit=1_000_000):
+            self._remember(incident)
+        self.last_tick: float | None = None
+        self.last_error: str = ""
+        self.last_view: ClusterView | None = None
+
+    # --- the pass --------------------------------------------------------------------
+
+    def tick(self) -> bool:
+        """One pass over Slurm and the open incidents. Returns True while steps are in flight
+        (the caller then comes back sooner). Scheduler trouble is logged, never raised."""
+        try:
+            self._import_watchdog_releases()
+            view = self._view()
+            self.last_view = view
+            self._detect_and_decide(view)
+            busy = False
+            for incident in self.store.list_incidents(open_only=True, limit=10_000):
+                busy |= self._reconcile(incident, view)
+        except Unreachable as exc:
+            self.last_error = f"slurmctld unreachable: {exc}"
+            log.warning("%s; retrying", self.last_error)
+            return False
+        self.last_tick = self.clock()
+        self.last_error = ""
+        return busy
+
+    def _view(self) -> ClusterView:
+        now = self.clock()
+        jobs = {j.job_id: j for j in self.scheduler.list_jobs()}
+        nodes = {n.name: n for n in self.scheduler.list_nodes()}
+        drained = {
+            s.name: s.drained_at or s.updated_at
+            for s in self.store.list_nodes(drained_by_tool=True)
+            if s.name in nodes and nodes[s.name].drained
+        }
+        return ClusterView(now=now, jobs=jobs, nodes=nodes, drained_by_tool=drained)
+
+    def _evidence(self, now: float) -> list[CoreEvidence]:
+        records = self.store.find_evidence(since=now - EVIDENCE_HORIZON, limit=1_000_000)
+        return [core_evidence(r) for r in records]
+
+    # --- detect, attribute, advise -----------------------------------------------------
+
+    def _remember(self, incident: Incident) -> None:
+        attempt = self.store.get_attempt(incident.attempt_id)
+        if attempt is not None:
+            key = (attempt.attempt.job_id, attempt.attempt.restart_count)
+            self._handled.setdefault(key, set()).add(attempt.attempt.submit_time)
+
+    def _detect_and_decide(self, view: ClusterView) -> None:
+        evidence = self._evidence(view.now)
+        known = {
+            (job.job_id, job.restart_count)
+            for job in view.jobs.values()
+            if job.submit_time in self._handled.get((job.job_id, job.restart_count), ())
+        }
+        for found in detect(view, evidence, known, self.catalogue, self.policy):
+            drains = self._open(found, view.jobs[found.job_id], view, evidence)
+            view = after_drains(view, drains)  # the blast radius counts this pass's drains
+
+    def _open(
+        self, found: CoreIncident, job: Job, view: ClusterView, evidence: list[CoreEvidence]
+    ) -> frozenset[str]:
+        """Record the incident, its verdict and advice; returns the drains advised."""
+        now = self.clock()
+        attempt = self.store.resolve_attempt(
+            JobAttempt(self.cluster, job.job_id, job.submit_time, job.restart_count), seen_at=now
+        )
+        verdict = attribute(found, job, evidence, self.catalogue, self.policy, view.nodes)
+        attributed = self.clock()
+        restarts = sum(
+            1
+            for past in self.store.list_incidents(history_id=attempt.history_id)
+            if (past.outcome or "").startswith("restarted")
+        )
+        advice = advise(found, verdict, job, self.policy, view, restarts)
+        advised = self.clock()
+        details = {
+            "mode": str(advice.mode),
+            "rule": advice.rule,
+            "exclude": sorted(advice.exclude),
+            "drain": sorted(advice.drain),
+            "needs_operator": advice.needs_operator,
+            "verdict": verdict_json(verdict),
+            "job": {
+                "job_id": job.job_id,
+                "restart_count": job.restart_count,
+                "partition": job.partition,
+                "nodes": list(job.nodes),
+            },
+        }
+        with self.store.transaction():
+            incident = self.store.open_incident(
+                attempt.id, str(found.kind), opened_at=now, summary=found.summary
+            )
+            self.store.add_milestone(incident.id, "failure", at=found.failed_at)
+            self.store.add_milestone(incident.id, "detected", at=now)
+            self.store.add_milestone(incident.id, "attributed", at=attributed)
+            stored = self.store.add_advice(
+                incident.id,
+                decision=str(advice.action),
+                reason=advice.reason,
+                verdict=details,
+                evidence_ids=verdict.evidence_ids,
+                created_at=advised,
+            )
+            self.store.add_milestone(incident.id, "advised", at=advised)
+            for node in verdict.nodes:
+                self._count_implicated(node, advised)
+            self.store.append_audit(
+                "controller",
+                "advice",
+                f"job {job.job_id}",
+                {
+                    "incident": incident.id,
+                    "advice": stored.id,
+                    "action": str(advice.action),
+                    "mode": str(advice.mode),
+                    "reason": advice.reason,
+                    "rule": advice.rule,
+                    "evidence_ids": list(verdict.evidence_ids),
+                },
+                ts=advised,
+            )
+        self._remember(incident)
+        log.info(
+            "incident %d: job %d %s -> %s (%s mode): %s",
+            incident.id,
+            job.job_id,
+            found.kind,
+            advice.action,
+            advice.mode,
+            advice.reason,
+        )
+        if self.metrics:
+            self.metrics.incident_opened(str(verdict.fault_class), now - found.failed_at)
+        return advice.drain if advice.mode is Mode.ACT else frozenset()
+
+    def _count_implicated(self, node: str, at: float) -> None:
+        old = self.store.get_node(node)
+        self.store.upsert_node(
+            NodeState(
+                name=node,
+                updated_at=at,
+                drained_by_tool=old.drained_by_tool if old else False,
+                drain_reason=old.drain_reason if old else "",
+                drained_at=old.drained_at if old else None,
+                implicated_count=(old.implicated_count if old else 0) + 1,
+                last_implicated_at=at,
+            )
+        )
+
+    # --- reconcile one incident --------------------------------------------------------
+
+    def _reconcile(self, incident: Incident, view: ClusterView) -> bool:
+        advice = self.store.latest_advice(incident.id)
+        attempt = self.store.get_attempt(incident.attempt_id)
+        if advice is None or attempt is None:
+            return False
+        plan = Planned.from_advice(advice)
+        job_id = attempt.attempt.job_id
+        if plan.mode is Mode.MONITOR:
+            self._close(incident, f"monitor: would {describe(plan, job_id)}")
+            return False
+        failures = sum(
+            1 for a in self.store.actions(incident_id=incident.id) if a.result == "failed"
+        )
+        if failures >= MAX_FAILED_STEPS:
+            self._close(incident, f"gave up after {failures} failed steps: needs operator")
+            return False
+        for node in sorted(plan.drain):
+            if not self._drained(node, view):
+                reason = f"srecovery:{incident.id}:{plan.cause or plan.fault_class}"
+                if not self._step(
+                    incident,
+                    plan,
+                    "drain",
+                    node,
+                    lambda n=node, r=reason: self.scheduler.drain_node(n, r),
+                ):
+                    return True
+                self._mark_drained(node, reason)
+        if plan.action is Action.NONE:
+            self._close(incident, "nothing to do")
+            return False
+        if plan.action is Action.STOP:
+            return self._stop(incident, plan, job_id, view.jobs.get(job_id))
+        return self._restart(incident, plan, job_id, attempt.attempt.restart_count, view)
+
+    def _drained(self, node: str, view: ClusterView) -> bool:
+        shown = view.nodes.get(node)
+        if shown is None or shown.drained:
+            return True
+        state = self.store.get_node(node)  # drained earlier in this pass
+        return bool(
+            state and state.drained_by_tool and state.drained_at and state.drained_at >= view.now
+        )
+
+    def _mark_drained(self, node: str, reason: str) -> None:
+        now = self.clock()
+        old = self.store.get_node(node)
+        self.store.upsert_node(
+            NodeState(
+                name=node,
+                updated_at=now,
+                drained_by_tool=True,
+                drain_reason=reason,
+                drained_at=now,
+                implicated_count=old.implicated_count if old else 0,
+                last_implicated_at=old.last_implicated_at if old else None,
+            )
+        )
+
+    def _stop(self, incident: Incident, plan: Planned, job_id: int, job: Job | None) -> bool:
+        if job is not None and job.active:
+            if not self._step(
+                incident,
+                plan,
+                "cancel",
+                f"job {job_id}",
+                lambda: self.scheduler.cancel(job_id, plan.reason),
+            ):
+                return True
+        # A job that already ended stays ended; Slurm refuses to change a finished job's
+        # AdminComment, so the reason lives in the advice and the audit trail.
+        self.store.add_milestone(incident.id, "stopped", at=self.clock())
+        self._close(incident, f"stopped: {plan.reason}")
+        return False
+
+    def _restart(
+        self, incident: Incident, plan: Planned, job_id: int, base: int, view: ClusterView
+    ) -> bool:
+        """Requeue held -> exclude -> begin now -> release -> running again, from Slurm's state.
+
+        Reads the job again after each step so one pass goes as far as Slurm allows.
+        """
+        job = view.jobs.get(job_id)
+        for _ in range(8):
+            if job is None:
+                self._close(incident, "job no longer in Slurm")
+                return False
+            mark = parse_hold_mark(job.admin_comment)
+            ours = mark is not None and mark[0] == incident.id
+            if job.restart_count == base:
+                if job.state not in _REQUEUEABLE:
+                    return True  # e.g. COMPLETING: wait for Slurm
+                if job.active and not ours:
+                    # Mark before holding, so the watchdog can always find what we hold.
+                    # (A finished job's AdminComment cannot change: it is marked once held.)
+                    if not self._mark(incident, plan, job_id):
+                        return True
+                elif not self._step(
+                    incident,
+                    plan,
+                    "requeue_hold",
+                    f"job {job_id}",
+                    lambda: self.scheduler.requeue_hold(job_id),
+                    milestone="held",
+                ):
+                    return True
+            elif (
+                job.state == "PENDING"
+                and job.held
+                and mark is None
+                and job.restart_count == base + 1
+                and "released" not in self.store.milestones(incident.id)
+            ):
+                # Our requeue of a finished job (or a crash right after it): mark it now.
+                # Once released (by us or the watchdog), a new hold is someone else's.
+                if not self._mark(incident, plan, job_id):
+                    return True
+            elif job.state == "PENDING":
+                if not plan.exclude <= job.excluded_nodes:
+                    if not self._step(
+                        incident,
+                        plan,
+                        "exclude",
+                        f"job {job_id}",
+                        lambda: self.scheduler.add_excluded_nodes(job_id, plan.exclude),
+                        milestone="excluded",
+                        params={"nodes": sorted(plan.exclude)},
+                    ):
+                        return True
+                elif job.held and ours:
+                    if job.begin_time > self.clock() + 1:
+                        if not self._step(
+                            incident,
+                            plan,
+                            "begin_now",
+                            f"job {job_id}",
+                            lambda: self.scheduler.set_begin_now(job_id),
+                        ):
+                            return True
+                    elif not self._step(
+                        incident,
+                        plan,
+                        "release",
+                        f"job {job_id}",
+                        lambda: self.scheduler.release(job_id),
+                        milestone="released",
+                    ):
+                        return True
+                    else:
+                        note = f"srecovery: requeued after incident {incident.id}"
+                        if plan.exclude:
+                            note += f", excluding {hostlist.compress(plan.exclude)}"
+                        self._step(
+                            incident,
+                            plan,
+                            "unmark",
+                            f"job {job_id}",
+                            lambda n=note: self.scheduler.set_admin_comment(job_id, n),
+                        )
+                elif job.held:
+                    return True  # held by someone else: not ours to release
+                else:
+                    # released (by us, or by the watchdog): waiting for resources
+                    self.store.add_milestone(incident.id, "released", at=self.clock())
+                    return True
+            elif job.state == "RUNNING":
+                self._running_again(incident, job)
+                return False
+            elif job.active:
+                return True  # COMPLETING, CONFIGURING ...: Slurm is moving it
+            else:
+                self._close(incident, f"restarted; the new attempt ended {job.state}")
+                return False
+            job = self.scheduler.get_job(job_id)
+        return True
+
+    def _mark(self, incident: Incident, plan: Planned, job_id: int) -> bool:
+        until = self.clock() + self.hold_deadline
+        return self._step(
+            incident,
+            plan,
+            "mark",
+            f"job {job_id}",
+            lambda: self.scheduler.set_admin_comment(job_id, hold_mark(incident.id, until)),
+        )
+
+    def _running_again(self, incident: Incident, job: Job) -> None:
+        now = self.clock()
+        self.store.add_milestone(incident.id, "released", at=now)  # no-op when recorded
+        self.store.add_milestone(incident.id, "running_again", at=now)
+        milestones = self.store.milestones(incident.id)
+        self._close(incident, f"restarted on {hostlist.compress(job.nodes)}")
+        if self.metrics:
+            self.metrics.recovered(milestones)
+
+    # --- recording -----------------------------------------------------------------
+
+    def _step(
+        self,
+        incident: Incident,
+        plan: Planned,
+        step: str,
+        target: str,
+        call: Callable[[], object],
+        *,
+        milestone: str | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Do one scheduler step and record it (action, milestone, audit); False if refused."""
+        started = self.clock()
+        try:
+            call()
+        except Unreachable:
+            raise
+        except SchedulerError as exc:
+            finished = self.clock()
+            with self.store.transaction():
+                self.store.record_action(
+                    step,
+                    target,
+                    result="failed",
+                    started_at=started,
+                    finished_at=finished,
+                    advice_id=plan.advice_id,
+                    params=params,
+                    message=str(exc),
+                )
+                self.store.append_audit(
+                    "controller",
+                    "action",
+                    target,
+                    {
+                        "incident": incident.id,
+                        "step": step,
+                        "result": "failed",
+                        "message": str(exc),
+                    },
+                    ts=finished,
+                )
+            log.warning("incident %d: %s %s failed: %s", incident.id, step, target, exc)
+            if self.metrics:
+                self.metrics.action_done(step, "failed")
+            return False
+        finished = self.clock()
+        with self.store.transaction():
+            self.store.record_action(
+                step,
+                target,
+                result="ok",
+                started_at=started,
+                finished_at=finished,
+                advice_id=plan.advice_id,
+                params=params,
+            )
+            if milestone:
+                self.store.add_milestone(incident.id, milestone, at=finished)
+            self.store.append_audit(
+                "controller",
+                "action",
+                target,
+                {"incident": incident.id, "step": step, "result": "ok", **(params or {})},
+                ts=finished,
+            )
+        log.info(
+            "incident %d: %s %s ok (%.0f ms)",
+            incident.id,
+            step,
+            target,
+            (finished - started) * 1000,
+        )
+        if self.metrics:
+            self.metrics.action_done(step, "ok")
+        if self.failpoint == f"after:{step}":
+            log.critical("failpoint %s: killing the controller (tests only)", self.failpoint)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return True
+
+    def _close(self, incident: Incident, outcome: str) -> None:
+        now = self.clock()
+        with self.store.transaction():
+            self.store.close_incident(incident.id, outcome=outcome, closed_at=now)
+            self.store.append_audit(
+                "controller",
+                "incident_closed",
+                f"incident {incident.id}",
+                {"incident": incident.id, "outcome": outcome},
+                ts=now,
+            )
+        log.info("incident %d closed: %s", incident.id, outcome)
+
+    # --- the watchdog's records ------------------------------------------------------------
+
+    def _import_watchdog_releases(self) -> None:
+        """Copy the watchdog's release records into the audit trail, once each."""
+        if self.spool_dir is None:
+            return
+        spool = self.spool_dir / "releases.jsonl"
+        done_file = self.spool_dir / "releases.jsonl.imported"
+        if not spool.exists():
+            return
+        done = int(done_file.read_text() or 0) if done_file.exists() else 0
+        size = spool.stat().st_size
+        if size <= done:
+            return
+        with spool.open("rb") as f:
+            f.seek(done)
+            chunk = f.read(size - done)
+        end = chunk.rfind(b"\n") + 1  # whole lines only
+        for line in chunk[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                log.warning("watchdog spool: skipping a malformed line: %r", line[:200])
+                continue
+            self.store.append_audit(
+                "watchdog",
+                "watchdog_release",
+                f"job {record.get('job_id')}",
+                record,
+                ts=float(record.get("ts", self.clock())),
+            )
+        tmp = done_file.with_suffix(".tmp")
+        tmp.write_text(str(done + end))
+        tmp.replace(done_file)
+
+
+def describe(plan: Planned, job_id: int) -> str:
+    """``requeue job 12 excluding n2, drain n2`` — what the advice asks, in words."""
+    words = {
+        Action.REQUEUE_EXCLUDE: f"requeue job {job_id}",
+        Action.REQUEUE: f"requeue job {job_id}",
+        Action.STOP: f"stop job {job_id}",
+        Action.NONE: f"leave job {job_id}",
+    }[plan.action]
+    if plan.exclude:
+        words += f" excluding {hostlist.compress(plan.exclude)}"
+    if plan.drain:
+        words += f", drain {hostlist.compress(plan.drain)}"
+    return words
+
+
+def milestone_latencies(milestones: Mapping[str, float]) -> dict[str, float]:
+    """detection, action and end-to-end seconds, where the milestones exist."""
+    out = {}
+    pairs = (
+        ("detection", "failure", "detected"),
+        ("action", "detected", "released"),
+        ("end_to_end", "failure", "running_again"),
+    )
+    for name, start, end in pairs:
+        if start in milestones and end in milestones:
+            out[name] = max(0.0, milestones[end] - milestones[start])
+    return out

@@ -1,0 +1,345 @@
+"""The controller process: the HTTP API (aiohttp) in front, the recovery loop behind it.
+
+Two worker threads, each with its own Store connection on the same SQLite file: one for
+ingest and reads (short transactions), one for the recovery loop (which waits on Slurm).
+An accepted evidence batch wakes the loop at once, so a fatal XID is acted on in the same
+second rather than at the next interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from slurm_recovery import __version__
+from slurm_recovery.auth import authorize, requests
+from slurm_recovery.config import Config
+from slurm_recovery.controller import views
+from slurm_recovery.controller.loop import Reconciler
+from slurm_recovery.controller.metrics import Metrics
+from slurm_recovery.controller.wire import WireError, parse_batch
+from slurm_recovery.decide.catalogue import load_xid_catalogue
+from slurm_recovery.decide.policy import load_policy
+from slurm_recovery.scheduler import Node, Scheduler, open_scheduler
+from slurm_recovery.store import Store, StoreError
+
+log = logging.getLogger("srecovery.controller")
+T = TypeVar("T")
+
+#: Role assumed for every request when authentication is off (development only).
+INSECURE_ROLE_HEADER = "X-SRecovery-Role"
+
+
+class _Worker:
+    """One thread that owns one Store connection; everything store-related runs on it."""
+
+    def __init__(self, name: str, db: Path) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.local = threading.local()
+        self.db = db
+
+    def store(self) -> Store:
+        if not hasattr(self.local, "store"):
+            self.local.store = Store.open(self.db)
+        return self.local.store
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+
+def node_addresses(nodes: Mapping[str, Node]) -> dict[str, frozenset[str]]:
+    """node -> IPv4 addresses its munged may stamp: NodeAddr, and NodeHostname resolved."""
+    out: dict[str, frozenset[str]] = {}
+    resolved: dict[str, set[str]] = {}
+    for name, node in nodes.items():
+        addrs: set[str] = set()
+        for host in {node.address, node.hostname} - {""}:
+            if host not in resolved:
+                try:
+                    resolved[host] = set(socket.gethostbyname_ex(host)[2])
+                except OSError:
+                    resolved[host] = set()
+            addrs |= resolved[host]
+        out[name] = frozenset(addrs)
+    return out
+
+
+class Controller:
+    def __init__(self, config: Config, *, insecure_no_auth: bool = False) -> None:
+        self.config = config
+        self.insecure = insecure_no_auth
+        self.metrics = Metrics()
+        self.ingest = _Worker("srecovery-ingest", config.store.path)
+        self.loop_worker = _Worker("srecovery-loop", config.store.path)
+        self.replays = requests.ReplayCache()
+        self.operators = authorize.operators_from_system(
+            config.auth.slurm_user, config.auth.operator_group
+        )
+        self.scheduler: Scheduler = open_scheduler(
+            config.scheduler.backend,
+            timeout=config.scheduler.command_timeout,
+            bin_dir=config.scheduler.slurm_bin_dir,
+            slurm_conf=config.scheduler.slurm_conf,
+        )
+        self.policy = load_policy(config.controller.policy)
+        self.catalogue = load_xid_catalogue()
+        self.cluster = ""
+        self.node_addresses: dict[str, frozenset[str]] = {}
+        self.reconciler: Reconciler | None = None
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self.started_at = time.time()
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def _make_reconciler(self) -> Reconciler:
+        self.cluster = self.config.cluster.name or self.scheduler.cluster_name()
+        return Reconciler(
+            store=self.loop_worker.store(),
+            scheduler=self.scheduler,
+            policy=self.policy,
+            catalogue=self.catalogue,
+            cluster=self.cluster,
+            hold_deadline=self.config.controller.hold_deadline,
+            spool_dir=self.config.watchdog.spool_dir,
+            metrics=self.metrics,
+        )
+
+    async def start(self, app: web.Application) -> None:
+        await self.ingest.run(self.ingest.store)  # opens (and migrates) the store
+        self.reconciler = await self.loop_worker.run(self._make_reconciler)
+        self._loop_task = asyncio.create_task(self._run_loop())
+        if self.insecure:
+            log.critical(requests.INSECURE_NO_AUTH_WARNING)
+
+    async def stop(self, app: web.Application) -> None:
+        if self._loop_task:
+            self._loop_task.cancel()
+        self.ingest.pool.shutdown(wait=True)
+        self.loop_worker.pool.shutdown(wait=True)
+
+    async def _run_loop(self) -> None:
+        interval = self.config.controller.loop_interval
+        while True:
+            try:
+                busy = await self.loop_worker.run(self._tick)
+            except Exception:  # a bug must not stop recovery for good: log, go on
+                log.exception("recovery loop pass failed")
+                busy = False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=0.1 if busy else interval)
+            self._wake.clear()
+
+    def _tick(self) -> bool:
+        assert self.reconciler is not None
+        busy = self.reconciler.tick()
+        if self.reconciler.last_error:
+            self.metrics.slurm_unreachable.inc()
+        view = self.reconciler.last_view
+        if view is not None:
+            self.node_addresses = node_addresses(view.nodes)
+            self.metrics.nodes_drained.set(len(view.drained_by_tool))
+        return busy
+
+    # --- authentication ----------------------------------------------------------------
+
+    def _principal(self, request: web.Request, body: bytes) -> requests.Principal:
+        if self.insecure:
+            log.warning(
+                "unauthenticated request %s %s (--insecure-no-auth)", request.method, request.path
+            )
+            role = request.headers.get(INSECURE_ROLE_HEADER, "operator")
+            return requests.Principal(uid=0, gid=0, origin="", role=role, node=None)
+        return requests.verify(
+            request.headers,
+            request.method,
+            request.raw_path,
+            body,
+            socket=self.config.auth.munge_socket or None,
+            max_age=self.config.auth.max_age,
+            now=time.time(),
+            seen=self.replays,
+        )
+
+    def _refuse(self, err: requests.AuthError) -> web.Response:
+        self.metrics.ingest_rejects.labels(str(err.status)).inc()
+        log.info("refused: %s", err)
+        return web.json_response({"error": err.reason}, status=err.status)
+
+    # --- handlers ----------------------------------------------------------------------
+
+    async def post_evidence(self, request: web.Request) -> web.Response:
+        started = time.monotonic()
+        body = await request.read()
+        try:
+            ids = await self.ingest.run(self._ingest, request, body)
+        except requests.AuthError as err:
+            return self._refuse(err)
+        except WireError as err:
+            self.metrics.ingest_rejects.labels("400").inc()
+            return web.json_response({"error": str(err)}, status=400)
+        except StoreError as err:
+            log.error("evidence not stored: %s", err)
+            self.metrics.ingest_rejects.labels("503").inc()
+            return web.json_response(
+                {"error": f"not stored: {err}"}, status=503, headers={"Retry-After": "5"}
+            )
+        self.metrics.ingest_events.inc(len(ids))
+        self.metrics.ingest_latency.observe(time.monotonic() - started)
+        self._wake.set()
+        return web.json_response({"accepted": len(ids), "ids": ids}, status=202)
+
+    def _ingest(self, request: web.Request, body: bytes) -> list[int]:
+        principal = self._principal(request, body)
+        evidence = parse_batch(body, source=principal.role)
+        events = [
+            {"node": e.node, "gpu": e.gpu, "job_id": e.job_id, "kind": e.kind} for e in evidence
+        ]
+        if not self.insecure:
+            authorize.authorize_evidence(principal, events, self.node_addresses, self.operators)
+        store = self.ingest.store()
+        with store.transaction():
+            ids = store.add_evidence(evidence)
+            if principal.role == "operator":
+                for evidence_id, e in zip(ids, evidence, strict=True):
+                    store.append_audit(
+                        f"uid:{principal.uid}",
+                        "operator_report",
+                        f"node {e.node}" if e.node else f"job {e.job_id}",
+                        {"evidence": evidence_id, "kind": e.kind, **dict(e.payload)},
+                    )
+        return ids
+
+    async def _read(self, request: web.Request, fn: Callable[[Store], Any]) -> web.Response:
+        try:
+            result = await self.ingest.run(self._authorized_read, request, fn)
+        except requests.AuthError as err:
+            return self._refuse(err)
+        if result is None:
+            return web.json_response({"error": "not found"}, status=404)
+        return web.json_response(result)
+
+    def _authorized_read(self, request: web.Request, fn: Callable[[Store], Any]) -> Any:
+        principal = self._principal(request, b"")
+        authorize.authorize_read(principal)
+        return fn(self.ingest.store())
+
+    async def get_incidents(self, request: web.Request) -> web.Response:
+        q = request.query
+        limit = _int(q.get("limit"), 100)
+        job = _int(q.get("job"), 0)
+
+        def read(store: Store) -> Any:
+            incidents = store.list_incidents(open_only=q.get("open") == "1", limit=10_000)
+            out = []
+            for incident in incidents:
+                summary = views.incident_summary(store, incident)
+                if job and summary["job_id"] != job:
+                    continue
+                out.append(summary)
+                if len(out) >= limit:
+                    break
+            return {"incidents": out}
+
+        return await self._read(request, read)
+
+    async def get_incident(self, request: web.Request) -> web.Response:
+        incident_id = _int(request.match_info["id"], 0)
+
+        def read(store: Store) -> Any:
+            incident = store.get_incident(incident_id) if incident_id else None
+            return views.incident_story(store, incident) if incident else None
+
+        return await self._read(request, read)
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        job_id = _int(request.match_info["job_id"], 0)
+
+        def read(store: Store) -> Any:
+            stories = []
+            for incident in store.list_incidents(limit=10_000):
+                attempt = store.get_attempt(incident.attempt_id)
+                if attempt and attempt.attempt.job_id == job_id:
+                    stories.append(views.incident_story(store, incident))
+            return {"job_id": job_id, "incidents": stories[::-1]} if stories else None
+
+        return await self._read(request, read)
+
+    async def get_audit(self, request: web.Request) -> web.Response:
+        after = _int(request.query.get("after"), 0)
+        limit = min(_int(request.query.get("limit"), 1000), 10_000)
+        return await self._read(
+            request,
+            lambda store: {
+                "audit": [
+                    views.audit_json(r) for r in store.audit_rows(after_seq=after, limit=limit)
+                ]
+            },
+        )
+
+    async def get_nodes(self, request: web.Request) -> web.Response:
+        return await self._read(
+            request, lambda store: {"nodes": [views.node_json(n) for n in store.list_nodes()]}
+        )
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        r = self.reconciler
+        now = time.time()
+        stale_after = max(10.0, 5 * self.config.controller.loop_interval)
+        last = r.last_tick if r else None
+        ok = last is not None and now - last < stale_after
+        body = {
+            "status": "ok" if ok else "degraded",
+            "version": __version__,
+            "cluster": self.cluster,
+            "last_pass": views.iso(last),
+            "last_error": r.last_error if r else "starting",
+            "auth": "off (development only)" if self.insecure else "munge",
+            "modes": {
+                "default": str(self.policy.mode),
+                **{part: str(mode) for part, mode in self.policy.partition_modes.items()},
+            },
+        }
+        return web.json_response(body, status=200 if ok else 503)
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.controller.max_request_bytes)
+        app.on_startup.append(self.start)
+        app.on_cleanup.append(self.stop)
+        app.add_routes(
+            [
+                web.post("/v1/evidence", self.post_evidence),
+                web.get("/v1/incidents", self.get_incidents),
+                web.get("/v1/incidents/{id}", self.get_incident),
+                web.get("/v1/jobs/{job_id}", self.get_job),
+                web.get("/v1/audit", self.get_audit),
+                web.get("/v1/nodes", self.get_nodes),
+                web.get("/healthz", self.healthz),
+                web.get("/metrics", self.metrics_endpoint),
+            ]
+        )
+        return app
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        return default

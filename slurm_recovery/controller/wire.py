@@ -1,0 +1,124 @@
+"""The evidence wire format: a JSON batch in, validated store records out.
+
+``POST /v1/evidence`` with ``{"events": [EVENT, ...]}``, each EVENT::
+
+    {"kind": "xid", "node": "n2", "gpu": 1, "job_id": 42,
+     "observed_at": 1795960000.25, "payload": {"xid": 79, "message": "..."}}
+
+``source`` is not taken from the body: it is the authenticated role of the sender. Any
+problem rejects the whole batch with a message naming the event and the field, so nothing
+from a bad batch is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from slurm_recovery.store import Evidence
+
+MAX_EVENTS = 1000
+MAX_PAYLOAD_BYTES = 16 * 1024
+MAX_DEPTH = 8
+EVENT_FIELDS = frozenset({"kind", "node", "gpu", "job_id", "observed_at", "payload"})
+_KIND = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: Earliest and latest believable observation times (2020 .. 2100): catches ms-vs-s mix-ups.
+_EARLIEST, _LATEST = 1_577_836_800.0, 4_102_444_800.0
+
+
+class WireError(ValueError):
+    """The request body is not a valid evidence batch; the message says where and why."""
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    if level > MAX_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max([_depth(v, level + 1) for v in value.values()], default=level + 1)
+    if isinstance(value, list):
+        return max([_depth(v, level + 1) for v in value], default=level + 1)
+    return level
+
+
+def parse_event(raw: Any, where: str, source: str) -> Evidence:
+    """One event -> store Evidence; raises WireError naming ``where`` and the field."""
+    if not isinstance(raw, dict):
+        raise WireError(f"{where}: must be an object")
+    unknown = set(raw) - EVENT_FIELDS
+    if unknown:
+        raise WireError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+    kind = raw.get("kind")
+    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+        raise WireError(f"{where}.kind: must be a lower-case name like 'xid'")
+    node = raw.get("node")
+    if node is not None and (not isinstance(node, str) or not _NODE.fullmatch(node)):
+        raise WireError(f"{where}.node: must be a Slurm node name")
+    gpu = raw.get("gpu")
+    if gpu is not None and (type(gpu) is not int or not 0 <= gpu < 1024):
+        raise WireError(f"{where}.gpu: must be a GPU index 0..1023")
+    job_id = raw.get("job_id")
+    if job_id is not None and (type(job_id) is not int or not 0 < job_id < 2**63):
+        raise WireError(f"{where}.job_id: must be a positive integer")
+    observed = raw.get("observed_at")
+    if (
+        type(observed) not in (int, float)
+        or not math.isfinite(observed)
+        or not _EARLIEST <= observed <= _LATEST
+    ):
+        raise WireError(f"{where}.observed_at: must be seconds since the epoch (UTC)")
+    payload = raw.get("payload", {})
+    if not isinstance(payload, dict):
+        raise WireError(f"{where}.payload: must be an object")
+    if _depth(payload) > MAX_DEPTH:
+        raise WireError(f"{where}.payload: nested deeper than {MAX_DEPTH} levels")
+    if len(json.dumps(payload, separators=(",", ":"))) > MAX_PAYLOAD_BYTES:
+        raise WireError(f"{where}.payload: larger than {MAX_PAYLOAD_BYTES} bytes")
+    try:
+        return Evidence(
+            source=source,
+            kind=kind,
+            observed_at=float(observed),
+            node=node,
+            gpu=gpu,
+            payload=payload,
+            job_id=job_id,
+        )
+    except (TypeError, ValueError) as exc:
+        raise WireError(f"{where}: {exc}") from exc
+
+
+def parse_batch(body: bytes, source: str) -> list[Evidence]:
+    """The whole request body -> evidence, all or nothing."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise WireError(f"body is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or set(data) != {"events"}:
+        raise WireError('body must be {"events": [...]}')
+    events = data["events"]
+    if not isinstance(events, list) or not 1 <= len(events) <= MAX_EVENTS:
+        raise WireError(f"events must be a list of 1 to {MAX_EVENTS} events")
+    return [parse_event(e, f"events[{i}]", source) for i, e in enumerate(events)]
+
+
+def event_to_json(
+    kind: str,
+    observed_at: float,
+    *,
+    node: str | None = None,
+    gpu: int | None = None,
+    job_id: int | None = None,
+    payload: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Build one event for a batch (what senders use; ``parse_event`` is its inverse)."""
+    event: dict[str, Any] = {"kind": kind, "observed_at": observed_at}
+    for key, value in (("node", node), ("gpu", gpu), ("job_id", job_id)):
+        if value is not None:
+            event[key] = value
+    if payload:
+        event["payload"] = dict(payload)
+    return event

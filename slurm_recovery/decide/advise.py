@@ -1,0 +1,240 @@
+"""Advise: what should happen for an attributed incident, by policy, and why in one line.
+
+Pure and deterministic: no clock, no files, no logging. The rules, in order (``Advice.rule`` names
+the one that decided):
+
+1. ``do_not_requeue_exit_codes``: the job exited with such a code (NVRx's 93) -> stop.
+2. ``classes.<class>.action`` when it is ``stop`` or ``none`` (an application fault -> stop).
+3. ``max_restarts``: the tool already restarted this job that many times -> stop.
+4. ``max_excluded_nodes``: excluding the implicated nodes would leave the job with more excluded
+   nodes than allowed -> stop, needs an operator.
+5. ``classes.<class>.action``: requeue excluding the implicated nodes (``requeue_exclude``), or
+   requeue anywhere (``requeue``; also ``requeue_exclude`` when no node is implicated).
+
+Independently of the job's fate, the implicated nodes are drained when the class's policy says so
+and the verdict is confident enough, within the blast radius (``blast_radius``: drains by the
+tool in the window, cluster-wide and per partition, never exceeded); a drain the cap refuses is
+dropped and the advice says it needs an operator (rule ``blast_radius`` when the class policy
+decided the rest). A broken node is drained even when its job is stopped: it is broken for
+everyone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from slurm_recovery.config import format_duration
+from slurm_recovery.decide.model import (
+    Action,
+    Advice,
+    ClusterView,
+    FaultClass,
+    Incident,
+    IncidentKind,
+    Verdict,
+)
+from slurm_recovery.decide.policy import NODE_CLASSES, ClassPolicy, Policy
+from slurm_recovery.hostlist import compress
+from slurm_recovery.scheduler.base import Job, Node
+
+
+def advise(
+    incident: Incident,
+    verdict: Verdict,
+    job: Job,
+    policy: Policy,
+    view: ClusterView,
+    restarts_so_far: int,
+) -> Advice:
+    """The advice for ``incident``. ``restarts_so_far``: restarts the tool already made for this
+    job (over its whole history; the controller counts them, Slurm does not)."""
+    mode = policy.mode_for(job.partition)
+    class_policy = policy.for_class(verdict.fault_class)
+    class_rule = f"classes.{verdict.fault_class}.action"
+    cause = verdict.cause or f"{verdict.fault_class} fault"
+    drains = plan_drains(verdict, class_policy, policy, view)
+
+    exclude: frozenset[str] = frozenset()
+    needs_operator = False
+    code = job.exit_code.returncode
+    if incident.kind is IncidentKind.CRASH and code in policy.do_not_requeue_exit_codes:
+        action, rule = Action.STOP, "do_not_requeue_exit_codes"
+        what = f"exit code {code} (the job asked not to be requeued): stop"
+        if verdict.fault_class is not FaultClass.UNKNOWN:
+            what += f"; cause: {cause}"
+    elif class_policy.action in (Action.STOP, Action.NONE):
+        action, rule = class_policy.action, class_rule
+        if action is Action.STOP:
+            what = f"{cause}: stop ({verdict.fault_class} fault, not restarted)"
+        else:
+            what = f"{cause}: no action ({class_rule} = none)"
+    elif restarts_so_far >= policy.max_restarts:
+        action, rule = Action.STOP, "max_restarts"
+        what = (
+            f"restart limit reached ({restarts_so_far} of {policy.max_restarts}): stop; "
+            f"cause: {cause}"
+        )
+    else:
+        wanted = verdict.nodes if class_policy.action is Action.REQUEUE_EXCLUDE else frozenset()
+        restart = f"(restart {restarts_so_far + 1} of {policy.max_restarts})"
+        merged = job.excluded_nodes | wanted
+        if wanted and len(merged) > policy.max_excluded_nodes:
+            action, rule, needs_operator = Action.STOP, "max_excluded_nodes", True
+            what = (
+                f"{cause}: stop, needs operator: excluding {compress(wanted)} would leave the "
+                f"job with {len(merged)} excluded nodes ({compress(merged)}; "
+                f"max_excluded_nodes = {policy.max_excluded_nodes})"
+            )
+        elif wanted:
+            action, rule, exclude = Action.REQUEUE_EXCLUDE, class_rule, wanted
+            what = f"{cause}: requeue excluding {compress(wanted)} {restart}"
+        else:
+            action, rule = Action.REQUEUE, class_rule
+            why = (
+                "no node implicated"
+                if class_policy.action is Action.REQUEUE_EXCLUDE
+                else f"{class_rule} = requeue"
+            )
+            what = f"{cause}: requeue without exclusion ({why}) {restart}"
+
+    if drains.refused:
+        needs_operator = True
+        if rule == class_rule:
+            rule = "blast_radius"
+    return Advice(
+        action=action,
+        mode=mode,
+        reason=_one_line(
+            what + drains.words(", " if exclude or action is Action.REQUEUE else "; ")
+        ),
+        rule=rule,
+        exclude=exclude,
+        drain=drains.drain,
+        needs_operator=needs_operator,
+        verdict=verdict,
+    )
+
+
+@dataclass(frozen=True)
+class DrainPlan:
+    """Which implicated nodes to drain, and why the others are not drained."""
+
+    drain: frozenset[str] = frozenset()
+    #: node -> why the blast radius (or Slurm's view) refuses it: needs an operator
+    refused: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: nodes already drained by someone else: nothing to do, their reason is kept
+    already: frozenset[str] = frozenset()
+    #: why nothing was drained although the class drains (confidence too low), or ""
+    skipped: str = ""
+
+    def words(self, joint: str = ", ") -> str:
+        """The tail of the advice reason: ``", drain n2"``, ``"; not draining n3: ..."``."""
+        parts = ""
+        if self.drain:
+            parts += f"{joint}drain {compress(self.drain)}"
+        if self.already:
+            parts += f" ({compress(self.already)} already drained)"
+        if self.skipped:
+            parts += f"; {self.skipped}"
+        by_why: dict[str, list[str]] = {}
+        for node, why in sorted(self.refused.items()):
+            by_why.setdefault(why, []).append(node)
+        for why, nodes in by_why.items():
+            parts += f"; not draining {compress(nodes)}: {why}, needs operator"
+        return parts
+
+
+def plan_drains(
+    verdict: Verdict, class_policy: ClassPolicy, policy: Policy, view: ClusterView
+) -> DrainPlan:
+    """The drains the advice asks for, capped by the blast radius (pure)."""
+    if not verdict.nodes or not class_policy.drain or verdict.fault_class not in NODE_CLASSES:
+        return DrainPlan()
+    if verdict.confidence < class_policy.drain_min_confidence:
+        return DrainPlan(
+            skipped=(
+                f"not draining (confidence {verdict.confidence:.2f} is below "
+                f"classes.{verdict.fault_class}.drain_min_confidence "
+                f"{class_policy.drain_min_confidence:g})"
+            )
+        )
+    radius = policy.blast_radius
+    since = view.now - radius.window
+    counted = {name for name, at in view.drained_by_tool.items() if at >= since}
+    sizes: dict[str, int] = {}
+    for node in view.nodes.values():
+        for partition in node.partitions:
+            sizes[partition] = sizes.get(partition, 0) + 1
+    window = format_duration(radius.window)
+    drain: list[str] = []
+    already: list[str] = []
+    refused: dict[str, str] = {}
+    for name in sorted(verdict.nodes):
+        node = view.nodes.get(name)
+        if node is None:
+            refused[name] = "Slurm does not show it, so the blast radius cannot be checked"
+            continue
+        if node.drained:
+            if name in view.drained_by_tool:
+                drain.append(name)  # our own drain, still in force: nothing new to count
+            else:
+                already.append(name)  # someone else's drain: keep their reason
+            continue
+        why = _over_cap(name, node, counted, view.nodes, sizes, policy, window)
+        if why:
+            refused[name] = why
+            continue
+        counted.add(name)
+        drain.append(name)
+    return DrainPlan(
+        drain=frozenset(drain),
+        refused=MappingProxyType(refused),
+        already=frozenset(already),
+    )
+
+
+def _over_cap(
+    name: str,
+    node: Node,
+    counted: set[str],
+    nodes: Mapping[str, Node],
+    sizes: Mapping[str, int],
+    policy: Policy,
+    window: str,
+) -> str:
+    """Why draining ``name`` too would break the blast radius, or "" if it fits."""
+    radius = policy.blast_radius
+    after = counted | {name}
+    if len(after) > radius.max_nodes:
+        return (
+            f"blast radius reached ({len(counted)} drained by the tool in the last {window}; "
+            f"max_nodes = {radius.max_nodes})"
+        )
+    for partition in sorted(node.partitions):
+        inside = [n for n in after if n in nodes and partition in nodes[n].partitions]
+        if len(inside) * 100 > radius.max_percent * sizes[partition]:
+            already = len(inside) - 1
+            return (
+                f"blast radius reached in partition {partition} ({already} of "
+                f"{sizes[partition]} nodes drained by the tool in the last {window}; "
+                f"max_percent = {radius.max_percent:g})"
+            )
+    return ""
+
+
+def after_drains(view: ClusterView, nodes: Iterable[str]) -> ClusterView:
+    """``view`` with ``nodes`` counted as drained by the tool now.
+
+    Advising several incidents from one view: pass each advice's ``drain`` through this before
+    advising the next, so that together they stay within the blast radius.
+    """
+    drained = dict(view.drained_by_tool)
+    for name in nodes:
+        drained.setdefault(name, view.now)
+    return replace(view, drained_by_tool=MappingProxyType(drained))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -1,0 +1,346 @@
+"""Attribute: whose fault an incident is, which nodes and GPUs are implicated, how sure, on what.
+
+Pure and deterministic: no clock, no files, no logging; the order of the evidence does not
+matter. Only evidence inside the policy's ``fatal_evidence_window`` around the failure counts
+(Meta's study: node events from 10 minutes before to 5 minutes after), and only evidence from one
+of the job's nodes, or naming the job. **A node is implicated only by evidence from that node**
+(``Evidence.node``); the evidence ids behind every implicated node are in the verdict.
+
+Each piece of evidence becomes a finding: a class, whether it is *decisive*, a confidence, and
+the node it implicates (if any). The verdict is the first tier that has findings:
+
+1. decisive hardware: an operator's report (1.0), a fatal hardware XID (0.95);
+2. decisive system: a fatal driver/firmware XID (0.9); a node Slurm shows down when Slurm ended
+   the job NODE_FAIL or BOOT_FAIL (0.8; with no node named, 0.5 and no node implicated);
+3. application: the job's application log signature (0.9), OUT_OF_MEMORY (0.9), an application
+   XID (0.8). Never implicates a node;
+4. weak hardware: a hardware log signature blaming a node (0.8), a non-fatal hardware XID (0.6),
+   a hardware log signature naming no node (0.5, no node implicated);
+5. weak system: the same for system evidence (0.6, 0.5, 0.5), and a node Slurm shows down
+   while the job failed some other way (0.6);
+6. unknown: nothing above (confidence 0); the cause says what little is known (an exit code in
+   ``do_not_requeue_exit_codes``, an XID the catalogue does not list).
+
+Why decisive node evidence beats application evidence: a GPU that fell off the bus makes the
+application crash too, and its log then shows an application error. Why application evidence
+beats weak node evidence: a corrected-ECC warning on a node does not explain a crash that the
+application's own log explains. Application log signatures and XIDs never implicate a node.
+
+The verdict's nodes are the nodes with findings in the winning tier; its confidence is the
+lowest of their confidences (each node's best finding), so a weakly implicated node never rides
+on a strongly implicated one past ``drain_min_confidence``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from slurm_recovery.decide.catalogue import XidCatalogue, xid_code
+from slurm_recovery.decide.detect import in_attempt
+from slurm_recovery.decide.model import Evidence, FaultClass, Incident, IncidentKind, Verdict
+from slurm_recovery.decide.policy import Policy
+from slurm_recovery.hostlist import compress
+from slurm_recovery.scheduler.base import Job, Node
+
+# Confidences, by kind of finding (see the module docstring and docs/policy.md).
+OPERATOR_REPORT = 1.0
+FATAL_HARDWARE_XID = 0.95
+FATAL_SYSTEM_XID = 0.9
+NODE_LOST = 0.8  # node shown down by Slurm, job ended NODE_FAIL / BOOT_FAIL
+NODE_LOST_UNNAMED = 0.5  # job ended NODE_FAIL / BOOT_FAIL, no evidence names the node
+NODE_DOWN = 0.6  # node shown down by Slurm, job failed some other way
+APPLICATION_LOG = 0.9
+OUT_OF_MEMORY = 0.9
+APPLICATION_XID = 0.8
+HARDWARE_LOG = 0.8
+SYSTEM_LOG = 0.6
+WEAK_HARDWARE_XID = 0.6
+WEAK_SYSTEM_XID = 0.5
+UNNAMED_NODE_LOG = 0.5  # a hardware/system log line that names no node of the job
+
+#: Slurm job states meaning Slurm itself lost a node of the job.
+NODE_LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
+#: Node base states and flags meaning the node is not working.
+DOWN_STATES = frozenset({"DOWN", "FAIL", "FAILING"})
+DOWN_FLAGS = frozenset({"NOT_RESPONDING", "FAIL"})
+
+_MAX_CAUSES = 2  # distinct causes spelled out in Verdict.cause; the rest are counted
+
+
+@dataclass(frozen=True)
+class _Finding:
+    fault_class: FaultClass
+    decisive: bool
+    confidence: float
+    text: str
+    evidence_id: int | None = None
+    node: str | None = None
+    gpu: int | None = None
+
+    @property
+    def tier(self) -> int:
+        if self.fault_class is FaultClass.APPLICATION:
+            return 3
+        if self.fault_class is FaultClass.HARDWARE:
+            return 1 if self.decisive else 4
+        if self.fault_class is FaultClass.SYSTEM:
+            return 2 if self.decisive else 5
+        return 6
+
+    def order(self) -> tuple[float, str, int, int, str]:
+        return (
+            -self.confidence,
+            self.node or "",
+            -1 if self.gpu is None else self.gpu,
+            -1 if self.evidence_id is None else self.evidence_id,
+            self.text,
+        )
+
+
+def node_is_down(state: str, flags: Sequence[str] | frozenset[str] = ()) -> bool:
+    """Slurm shows the node as not working (DOWN, FAIL, or not responding: ``down*``)."""
+    base = state.upper()
+    return (
+        base.rstrip("*") in DOWN_STATES
+        or base.endswith("*")
+        or bool(DOWN_FLAGS & {f.upper() for f in flags})
+    )
+
+
+def attribute(
+    incident: Incident,
+    job: Job,
+    evidence: Sequence[Evidence],
+    catalogue: XidCatalogue,
+    policy: Policy,
+    nodes: Mapping[str, Node] | None = None,
+) -> Verdict:
+    """The verdict for ``incident`` on ``job`` (the job as Slurm shows it, same attempt).
+
+    ``nodes`` (Slurm's nodes now) only improves the words of the cause when Slurm lost a node
+    no evidence names; nodes are implicated by evidence alone (``node_state`` evidence records
+    what Slurm showed, and when).
+    """
+    if incident.job_id != job.job_id:
+        raise ValueError(f"incident for job {incident.job_id} attributed with job {job.job_id}")
+    window = policy.fatal_evidence_window
+    low = incident.failed_at - window.window_before
+    high = incident.failed_at + window.window_after
+    lost = job.state in NODE_LOST_STATES
+    job_nodes = frozenset(job.nodes)
+    findings: list[_Finding] = []
+    job_end_ids: list[int] = []
+    for ev in sorted(evidence, key=lambda e: (e.observed_at, e.id)):
+        if not low <= ev.observed_at <= high:
+            continue
+        on_node = ev.node is not None and ev.node in job_nodes
+        mine = ev.job_id == job.job_id and in_attempt(ev, job)
+        if ev.kind == "job_end" and mine:
+            job_end_ids.append(ev.id)
+        found = _finding(ev, on_node, mine, lost, job, catalogue)
+        if found is not None:
+            findings.append(found)
+    ends = tuple(job_end_ids)
+    if job.state == "OUT_OF_MEMORY":
+        findings.append(
+            _Finding(
+                FaultClass.APPLICATION,
+                True,
+                OUT_OF_MEMORY,
+                "out of memory (Slurm: OUT_OF_MEMORY)",
+            )
+        )
+    if lost:
+        named = {f.node for f in findings if f.fault_class is FaultClass.SYSTEM and f.decisive}
+        findings.append(
+            _Finding(FaultClass.SYSTEM, True, NODE_LOST_UNNAMED, _lost_text(job, nodes, named))
+        )
+    for tier in (1, 2, 3, 4, 5):
+        chosen = [f for f in findings if f.tier == tier]
+        if chosen:
+            # Findings from Slurm's job state (no evidence id) rest on the job's end record.
+            from_state = any(f.evidence_id is None for f in chosen)
+            return _verdict(chosen, ends if from_state else ())
+    return _unknown(job, incident, findings, ends, policy)
+
+
+def _finding(
+    ev: Evidence, on_node: bool, mine: bool, lost: bool, job: Job, catalogue: XidCatalogue
+) -> _Finding | None:
+    where = f"{ev.node}" + (f" gpu{ev.gpu}" if ev.gpu is not None else "")
+    if ev.kind == "xid":
+        code = xid_code(ev.payload)
+        if code is None:
+            return None
+        info = catalogue.assess(code, str(ev.payload.get("message", "")))
+        if info.fault_class is FaultClass.APPLICATION:
+            # An application XID names a GPU, never a culprit node; another job's is not ours.
+            if on_node and (ev.job_id is None or ev.job_id == job.job_id):
+                return _Finding(
+                    FaultClass.APPLICATION, True, APPLICATION_XID, f"{info.label} on {where}", ev.id
+                )
+            return None
+        if not on_node:
+            return None
+        if info.fault_class is FaultClass.HARDWARE:
+            confidence = FATAL_HARDWARE_XID if info.fatal else WEAK_HARDWARE_XID
+        elif info.fault_class is FaultClass.SYSTEM:
+            confidence = FATAL_SYSTEM_XID if info.fatal else WEAK_SYSTEM_XID
+        else:
+            return _Finding(FaultClass.UNKNOWN, False, 0.0, f"{info.label} on {where}", ev.id)
+        return _Finding(
+            info.fault_class,
+            info.fatal,
+            confidence,
+            f"{info.label} on {where}",
+            ev.id,
+            ev.node,
+            ev.gpu,
+        )
+    if ev.kind == "operator_report":
+        if not on_node:
+            return None
+        code = xid_code(ev.payload)
+        said = f"xid {code}" if code is not None else ""
+        reason = _one_line(str(ev.payload.get("reason", "")))
+        detail = ": ".join(part for part in (said, reason) if part)
+        text = f"operator report on {where}" + (f" ({detail})" if detail else "")
+        return _Finding(FaultClass.HARDWARE, True, OPERATOR_REPORT, text, ev.id, ev.node, ev.gpu)
+    if ev.kind == "node_state":
+        if not on_node:
+            return None
+        state = str(ev.payload.get("state", ""))
+        flags = ev.payload.get("flags", ()) or ()
+        if not isinstance(flags, list | tuple | frozenset | set):
+            flags = ()
+        if not node_is_down(state, [str(f) for f in flags]):
+            return None
+        reason = _one_line(str(ev.payload.get("reason", "")))
+        text = f"Slurm showed {ev.node} {state.lower() or 'down'}" + (
+            f" ({reason})" if reason else ""
+        )
+        return _Finding(
+            FaultClass.SYSTEM, lost, NODE_LOST if lost else NODE_DOWN, text, ev.id, ev.node
+        )
+    if ev.kind == "log_signature":
+        return _log_finding(ev, on_node, mine, where)
+    return None
+
+
+def _log_finding(ev: Evidence, on_node: bool, mine: bool, where: str) -> _Finding | None:
+    try:
+        fault_class = FaultClass(str(ev.payload.get("fault_class", "unknown")))
+    except ValueError:
+        fault_class = FaultClass.UNKNOWN
+    signature = _one_line(str(ev.payload.get("signature", ""))) or "unnamed"
+    blames = ev.payload.get("blame_node") is True
+    if fault_class is FaultClass.APPLICATION:
+        if not mine:
+            return None
+        return _Finding(
+            FaultClass.APPLICATION, True, APPLICATION_LOG, f"log signature {signature}", ev.id
+        )
+    if fault_class is FaultClass.UNKNOWN:
+        if not mine:
+            return None
+        return _Finding(FaultClass.UNKNOWN, False, 0.0, f"log signature {signature}", ev.id)
+    if blames and on_node:
+        confidence = HARDWARE_LOG if fault_class is FaultClass.HARDWARE else SYSTEM_LOG
+        return _Finding(
+            fault_class,
+            False,
+            confidence,
+            f"log signature {signature} on {where}",
+            ev.id,
+            ev.node,
+            ev.gpu,
+        )
+    if mine:  # points at hardware or system software, but at no node of this job
+        return _Finding(fault_class, False, UNNAMED_NODE_LOG, f"log signature {signature}", ev.id)
+    return None
+
+
+def _verdict(chosen: list[_Finding], extra_ids: tuple[int, ...]) -> Verdict:
+    fault_class = chosen[0].fault_class  # one tier holds one class
+    best: dict[str, float] = {}
+    gpus: set[tuple[str, int]] = set()
+    for f in chosen:
+        if f.node is not None and fault_class is not FaultClass.APPLICATION:
+            best[f.node] = max(best.get(f.node, 0.0), f.confidence)
+            if f.gpu is not None:
+                gpus.add((f.node, f.gpu))
+    # nodes: the weakest implicated node's best finding; no node: the strongest finding
+    confidence = min(best.values()) if best else max(f.confidence for f in chosen)
+    ids = {f.evidence_id for f in chosen if f.evidence_id is not None} | set(extra_ids)
+    return Verdict(
+        fault_class=fault_class,
+        nodes=frozenset(best),
+        gpus=frozenset(gpus),
+        confidence=confidence,
+        evidence_ids=tuple(sorted(ids)),
+        cause=_cause(chosen),
+    )
+
+
+def _unknown(
+    job: Job,
+    incident: Incident,
+    findings: list[_Finding],
+    ends: tuple[int, ...],
+    policy: Policy,
+) -> Verdict:
+    unknown = [f for f in findings if f.fault_class is FaultClass.UNKNOWN]
+    ids = {f.evidence_id for f in unknown if f.evidence_id is not None}
+    code = job.exit_code.returncode
+    if incident.kind is IncidentKind.CRASH and code in policy.do_not_requeue_exit_codes:
+        # The code says what to do (do not requeue), not whose fault it is: the class stays
+        # unknown and advise() stops the job under do_not_requeue_exit_codes.
+        cause = f"exit code {code}: the job asked not to be requeued; no evidence of a fault"
+        return Verdict(
+            fault_class=FaultClass.UNKNOWN,
+            confidence=0.0,
+            evidence_ids=tuple(sorted(ids | set(ends))),
+            cause=cause,
+        )
+    cause = _cause(unknown) if unknown else "no evidence of the cause"
+    if incident.kind is IncidentKind.CRASH and not unknown:
+        cause = f"no evidence of the cause (job ended {job.state}, exit {job.exit_code})"
+    return Verdict(
+        fault_class=FaultClass.UNKNOWN,
+        confidence=0.0,
+        evidence_ids=tuple(sorted(ids)),
+        cause=cause,
+    )
+
+
+def _cause(chosen: list[_Finding]) -> str:
+    texts: list[str] = []
+    for f in sorted(chosen, key=_Finding.order):
+        if f.text not in texts:
+            texts.append(f.text)
+    shown = "; ".join(texts[:_MAX_CAUSES])
+    more = len(texts) - _MAX_CAUSES
+    return shown + (f" (+{more} more)" if more > 0 else "")
+
+
+def _lost_text(job: Job, nodes: Mapping[str, Node] | None, named: set[str | None]) -> str:
+    """``Slurm ended the job NODE_FAIL``, plus the job's down nodes that no evidence names
+    (shown, not implicated: without evidence recorded about a node, it is not excluded)."""
+    text = f"Slurm ended the job {job.state}"
+    down = [
+        name
+        for name in sorted(job.nodes)
+        if nodes
+        and name in nodes
+        and name not in named
+        and node_is_down(nodes[name].state, nodes[name].flags)
+    ]
+    if down:
+        text += f" (it shows {compress(down)} down, but no node evidence names it)"
+    return text
+
+
+def _one_line(text: str, limit: int = 80) -> str:
+    words = " ".join(text.split())
+    return words if len(words) <= limit else words[: limit - 3] + "..."

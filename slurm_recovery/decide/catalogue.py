@@ -1,0 +1,245 @@
+"""The XID catalogue: what an NVIDIA XID means for a job and its node, read from TOML data.
+
+Loading the file is this module's only I/O; the result is a frozen :class:`XidCatalogue` that
+the pure decision functions (``detect``, ``attribute``) consult. The shipped catalogue is
+``decide/data/xid.toml``; an admin may point at another file with the same format.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from slurm_recovery.config import ConfigError
+from slurm_recovery.decide.model import FaultClass
+
+#: What the GPU or node needs, as NVIDIA recommends it (``XidInfo.action``).
+XID_ACTIONS = ("none", "restart", "reset_gpu", "reboot", "drain")
+
+_ENTRY_KEYS = ("code", "meaning", "class", "action", "fatal", "not_fatal_when_message_contains")
+_REQUIRED_KEYS = ("code", "meaning", "class", "action", "fatal")
+
+
+class CatalogueError(ConfigError):
+    """The XID catalogue cannot be used. One line per problem: file, entry, key, fix."""
+
+
+@dataclass(frozen=True)
+class XidInfo:
+    """One XID: its meaning, whose fault it is, what the GPU needs, and whether work on it dies."""
+
+    code: int
+    meaning: str
+    fault_class: FaultClass
+    action: str
+    fatal: bool
+    #: the XID is not fatal when its log line contains this (case-insensitive); "" = never
+    not_fatal_when_message_contains: str = ""
+
+    @property
+    def label(self) -> str:
+        """``"xid 79 (GPU has fallen off the bus)"``: how reasons name it."""
+        return f"xid {self.code} ({self.meaning})"
+
+
+def unknown_xid(code: int) -> XidInfo:
+    """What the core assumes about an XID the catalogue does not list: nothing."""
+    return XidInfo(
+        code=code,
+        meaning="not in the XID catalogue",
+        fault_class=FaultClass.UNKNOWN,
+        action="none",
+        fatal=False,
+    )
+
+
+@dataclass(frozen=True)
+class XidCatalogue:
+    """XID code -> :class:`XidInfo`. ``source`` names the file it came from."""
+
+    entries: Mapping[int, XidInfo] = field(default_factory=lambda: MappingProxyType({}))
+    source: str = field(default="<empty>", compare=False)
+
+    def lookup(self, xid: int) -> XidInfo:
+        """The entry for ``xid``; an uncatalogued XID is class unknown and not fatal."""
+        return self.entries.get(xid) or unknown_xid(xid)
+
+    def assess(self, xid: int, message: str = "") -> XidInfo:
+        """:meth:`lookup`, refined by the XID's log line (``not_fatal_when_message_contains``)."""
+        info = self.lookup(xid)
+        marker = info.not_fatal_when_message_contains
+        if info.fatal and marker and marker.lower() in message.lower():
+            return XidInfo(
+                code=info.code,
+                meaning=info.meaning,
+                fault_class=info.fault_class,
+                action="none",
+                fatal=False,
+                not_fatal_when_message_contains=marker,
+            )
+        return info
+
+    def __iter__(self) -> Iterator[int]:
+        """The catalogued codes, in ascending order."""
+        return iter(sorted(self.entries))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def xid_code(payload: Mapping[str, Any]) -> int | None:
+    """The XID number in an ``xid`` (or ``operator_report``) evidence payload, if it has one."""
+    value = payload.get("xid")
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
+# --------------------------------------------------------------------------------- loading
+
+
+def load_xid_catalogue(path: str | os.PathLike[str] | None = None) -> XidCatalogue:
+    """Read and check an XID catalogue file; ``None`` reads the one shipped with the package."""
+    if path is None:
+        resource = resources.files("slurm_recovery.decide") / "data" / "xid.toml"
+        source = "slurm_recovery/decide/data/xid.toml"
+        try:
+            text = resource.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise CatalogueError(
+                f"{source}: missing from the installed package; reinstall slurm-recovery "
+                "(the package data must include decide/data/*.toml)"
+            ) from None
+        return catalogue_from_toml(text, source)
+    file = Path(path)
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise CatalogueError(f"{file}: no such file; check the path of the XID catalogue") from None
+    except IsADirectoryError:
+        raise CatalogueError(f"{file}: is a directory; name the catalogue file itself") from None
+    except OSError as exc:
+        raise CatalogueError(f"{file}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CatalogueError(
+            f"{file}: not UTF-8 text; TOML files must be UTF-8 (convert it with iconv)"
+        ) from None
+    return catalogue_from_toml(text, str(file))
+
+
+def catalogue_from_toml(text: str, source: str = "<string>") -> XidCatalogue:
+    """Parse and check catalogue ``text``; ``source`` is named in every error."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogueError(f"{source}: invalid TOML: {exc}") from None
+    problems: list[str] = []
+    for key in data:
+        if key != "xid":
+            problems.append(
+                f"{source}: {key}: unknown key; the catalogue holds only [[xid]] tables"
+                + _hint(key, ["xid"])
+            )
+    tables = data.get("xid", [])
+    if not isinstance(tables, list):
+        problems.append(f"{source}: xid: write each entry as an [[xid]] table")
+        tables = []
+    entries: dict[int, XidInfo] = {}
+    for position, table in enumerate(tables, start=1):
+        info = _entry(source, position, table, problems)
+        if info is None:
+            continue
+        if info.code in entries:
+            problems.append(
+                f"{source}: [[xid]] #{position}: code {info.code} is listed twice; keep one entry"
+            )
+            continue
+        entries[info.code] = info
+    if problems:
+        raise CatalogueError(*problems)
+    return XidCatalogue(MappingProxyType(dict(sorted(entries.items()))), source)
+
+
+def catalogue_from_entries(entries: Iterable[XidInfo], source: str = "<code>") -> XidCatalogue:
+    """A catalogue built in code (tests, tools): the same value the loader returns."""
+    return XidCatalogue(MappingProxyType({e.code: e for e in sorted(entries, key=_code)}), source)
+
+
+def _code(info: XidInfo) -> int:
+    return info.code
+
+
+def _hint(name: str, options: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _entry(source: str, position: int, table: Any, problems: list[str]) -> XidInfo | None:
+    where = f"{source}: [[xid]] #{position}"
+    if not isinstance(table, Mapping):
+        problems.append(f"{where}: not a table; write [[xid]] and its keys below it")
+        return None
+    if isinstance(table.get("code"), int) and not isinstance(table.get("code"), bool):
+        where = f"{source}: [[xid]] code {table['code']}"
+    before = len(problems)
+    for key in table:
+        if key not in _ENTRY_KEYS:
+            problems.append(
+                f"{where}: {key}: unknown key{_hint(key, _ENTRY_KEYS)} "
+                f"(keys: {', '.join(_ENTRY_KEYS)})"
+            )
+    for key in _REQUIRED_KEYS:
+        if key not in table:
+            needed = ", ".join(_REQUIRED_KEYS)
+            problems.append(f"{where}: {key} is missing; every entry needs {needed}")
+    if len(problems) > before:
+        return None
+    code, meaning, klass, action, fatal = (table[k] for k in _REQUIRED_KEYS)
+    marker = table.get("not_fatal_when_message_contains", "")
+    if isinstance(code, bool) or not isinstance(code, int) or code < 0:
+        problems.append(f"{where}: code = {code!r}: must be a whole number, 0 or more")
+    if not isinstance(meaning, str) or not meaning.strip() or "\n" in meaning:
+        problems.append(f"{where}: meaning = {meaning!r}: must be a short one-line text")
+    classes = [c.value for c in FaultClass]
+    if klass not in classes:
+        problems.append(
+            f"{where}: class = {klass!r}: must be one of {', '.join(classes)}"
+            + _hint(str(klass), classes)
+        )
+    if action not in XID_ACTIONS:
+        problems.append(
+            f"{where}: action = {action!r}: must be one of {', '.join(XID_ACTIONS)}"
+            + _hint(str(action), XID_ACTIONS)
+        )
+    if not isinstance(fatal, bool):
+        problems.append(f"{where}: fatal = {fatal!r}: must be true or false (no quotes)")
+    if not isinstance(marker, str):
+        problems.append(f"{where}: not_fatal_when_message_contains = {marker!r}: must be a string")
+    if klass == FaultClass.APPLICATION.value and fatal is True:
+        problems.append(
+            f"{where}: fatal = true with class application: an application XID leaves the GPU "
+            "usable; set fatal = false, or use class hardware or system if the GPU needs repair"
+        )
+    if len(problems) > before:
+        return None
+    return XidInfo(
+        code=code,
+        meaning=meaning.strip(),
+        fault_class=FaultClass(klass),
+        action=action,
+        fatal=fatal,
+        not_fatal_when_message_contains=marker,
+    )

@@ -1,0 +1,161 @@
+"""``srecovery dev up|down``: the local cluster plus the controller and the watchdog on this host.
+
+What the demo, the tests and the benchmarks run on, so what they show is what an admin gets:
+the same daemons, the same config file format, MUNGE authentication on. Everything lives in
+one base directory; ``down`` stops exactly what ``up`` started (by pid, checked by command line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_recovery import localcluster
+
+DEV_BASE = Path("/tmp/srecovery-dev")
+DEV_PORT_BASE = 17200
+DEV_API_PORT = 17765
+STATE_FILE = "dev.json"
+
+
+@dataclass(frozen=True)
+class DevStack:
+    base: Path
+    cluster: localcluster.ClusterSpec
+    config: Path
+    url: str
+
+    def exports(self) -> dict[str, str]:
+        return {
+            "SLURM_CONF": str(self.cluster.slurm_conf),
+            "SRECOVERY_URL": self.url,
+            "SRECOVERY_CONFIG": str(self.config),
+        }
+
+
+def write_policy(path: Path, mode: str, extra: str = "") -> None:
+    """The dev policy: every partition in ``mode``. A small cluster needs a larger drain share
+    than a real one (1 node of 4 is 25 %). ``extra``: more top-level policy keys."""
+    path.write_text(
+        f"# Written by `srecovery dev up`; see docs/policy.md.\nmode = \"{mode}\"\n{extra}"
+        "\n[blast_radius]\nmax_nodes = 2\nmax_percent = 50.0\n"
+    )
+    path.chmod(0o644)
+
+
+def write_config(
+    base: Path, cluster: localcluster.ClusterSpec, api_port: int, hold_deadline: str = "2m"
+) -> Path:
+    config = base / "config.toml"
+    (base / "watchdog").mkdir(parents=True, exist_ok=True)
+    config.write_text(
+        f"""# Written by `srecovery dev up`.
+[scheduler]
+backend = "scontrol"
+slurm_conf = "{cluster.slurm_conf}"
+command_timeout = 10
+
+[store]
+path = "{base / "state.db"}"
+
+[controller]
+listen = "127.0.0.1:{api_port}"
+policy = "{base / "policy.toml"}"
+loop_interval = 1
+hold_deadline = "{hold_deadline}"
+
+[auth]
+munge_socket = "{cluster.munge_socket}"
+slurm_user = "root"
+
+[watchdog]
+interval = 5
+spool_dir = "{base / "watchdog"}"
+
+[client]
+url = "http://127.0.0.1:{api_port}"
+"""
+    )
+    config.chmod(0o644)
+    return config
+
+
+def start_controller(config: Path, log: Path, *, env: dict[str, str] | None = None) -> int:
+    argv = [sys.executable, "-m", "slurm_recovery.controller", "--config", str(config)]
+    return localcluster.spawn_daemon(argv, log, {**os.environ, **(env or {})})
+
+
+def start_watchdog(config: Path, log: Path) -> int:
+    argv = [sys.executable, "-m", "slurm_recovery.cli", "--config", str(config), "watchdog"]
+    return localcluster.spawn_daemon(argv, log, dict(os.environ))
+
+
+def wait_healthy(url: str, timeout: float = 30.0, pid: int | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if pid is not None and not localcluster.process_alive(pid, ""):
+            raise localcluster.ClusterError(f"the controller (pid {pid}) exited: {last}")
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.1)
+    raise localcluster.ClusterError(
+        f"controller at {url} not healthy within {timeout:.0f}s: {last}"
+    )
+
+
+def up(
+    base: Path = DEV_BASE,
+    *,
+    nodes: int = 4,
+    mode: str = "monitor",
+    port_base: int = DEV_PORT_BASE,
+    api_port: int = DEV_API_PORT,
+) -> DevStack:
+    base.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o755)
+    spec = localcluster.up(
+        localcluster.ClusterSpec(
+            base=base / "cluster", nodes=nodes, port_base=port_base, name="srdev"
+        )
+    )
+    write_policy(base / "policy.toml", mode)
+    config = write_config(base, spec, api_port)
+    url = f"http://127.0.0.1:{api_port}"
+    state = _load(base)
+    logs = base / "log"
+    logs.mkdir(exist_ok=True)
+    if not localcluster.process_alive(state.get("controller", 0), "slurm_recovery.controller"):
+        state["controller"] = start_controller(config, logs / "controller.log")
+    if not localcluster.process_alive(state.get("watchdog", 0), "watchdog"):
+        state["watchdog"] = start_watchdog(config, logs / "watchdog.log")
+    (base / STATE_FILE).write_text(json.dumps(state))
+    wait_healthy(url, pid=state["controller"])
+    return DevStack(base=base, cluster=spec, config=config, url=url)
+
+
+def down(base: Path = DEV_BASE) -> list[str]:
+    state = _load(base)
+    stopped = []
+    for label, must in (("watchdog", "watchdog"), ("controller", "slurm_recovery.controller")):
+        pid = state.get(label, 0)
+        if localcluster.stop_process(pid, must):
+            stopped.append(f"{label} (pid {pid})")
+    if state:
+        (base / STATE_FILE).write_text("{}")
+    stopped += localcluster.down(base / "cluster")
+    return stopped
+
+
+def _load(base: Path) -> dict[str, int]:
+    path = base / STATE_FILE
+    return json.loads(path.read_text()) if path.exists() else {}

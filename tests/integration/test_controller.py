@@ -1,0 +1,388 @@
+"""The controller on the real local cluster: real slurmctld and slurmd, real munged, real
+SQLite, the controller as its own process, evidence signed with MUNGE over HTTP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from slurm_recovery import devstack, localcluster
+from slurm_recovery.auth import requests
+from slurm_recovery.client import ClientError, ControllerClient
+from slurm_recovery.controller.wire import event_to_json
+from slurm_recovery.scheduler import Job
+from slurm_recovery.scheduler.scontrol import ScontrolScheduler
+from slurm_recovery.store import Store
+from tests.conftest import _free_port_block, wait_for
+
+pytestmark = pytest.mark.cluster
+
+FALLEN_OFF = {"xid": 79, "message": "GPU has fallen off the bus."}
+
+
+@dataclass
+class Stack:
+    base: Path
+    config: Path
+    url: str
+    client: ControllerClient
+    pid: int = 0
+
+    @property
+    def db(self) -> Path:
+        return self.base / "state.db"
+
+    def start(self, env: dict[str, str] | None = None) -> None:
+        self.pid = devstack.start_controller(self.config, self.base / "controller.log", env=env)
+        devstack.wait_healthy(self.url, pid=self.pid)
+
+    def stop(self) -> None:
+        localcluster.stop_process(self.pid, "slurm_recovery.controller")
+
+    def log(self) -> str:
+        return (self.base / "controller.log").read_text(errors="replace")[-4000:]
+
+    def report_xid(self, node: str, payload: dict = FALLEN_OFF, gpu: int = 1) -> float:
+        at = time.time()
+        self.client.post_evidence(
+            [event_to_json("xid", at, node=node, gpu=gpu, payload=payload)], role="operator"
+        )
+        return at
+
+    def actions(self, step: str | None = None) -> list:
+        with Store.open(self.db, readonly=True) as store:
+            acts = [a for i in store.list_incidents() for a in store.actions(incident_id=i.id)]
+        return [a for a in acts if step is None or a.step == step]
+
+
+@pytest.fixture
+def scheduler(local_cluster) -> ScontrolScheduler:
+    return ScontrolScheduler(timeout=10, slurm_conf=str(local_cluster.slurm_conf))
+
+
+@pytest.fixture
+def stacks(local_cluster, scheduler) -> Iterator[Callable[..., Stack]]:
+    """Factory: a controller (own process, store, policy, port) on the session cluster."""
+    made: list[Stack] = []
+
+    def make(
+        mode: str = "act",
+        policy_extra: str = "",
+        hold_deadline: str = "2m",
+        start: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> Stack:
+        base = Path(tempfile.mkdtemp(prefix="srecovery-ctl-"))
+        base.chmod(0o755)
+        port = _free_port_block(1, start=local_cluster.port_base + 300 + 10 * len(made))
+        devstack.write_policy(base / "policy.toml", mode, policy_extra)
+        config = devstack.write_config(base, local_cluster, port, hold_deadline=hold_deadline)
+        url = f"http://127.0.0.1:{port}"
+        stack = Stack(
+            base, config, url, ControllerClient(url, munge_socket=str(local_cluster.munge_socket))
+        )
+        made.append(stack)
+        if start:
+            stack.start(env)
+        return stack
+
+    yield make
+    for stack in made:
+        stack.stop()
+    for node in scheduler.list_nodes():  # leave the cluster as we found it
+        if node.drained:
+            scheduler.resume_node(node.name)
+
+
+def running(scheduler: ScontrolScheduler, job_id: int, restarts: int = 0) -> Job | None:
+    job = scheduler.get_job(job_id)
+    return job if job.state == "RUNNING" and job.restart_count == restarts else None
+
+
+def story(stack: Stack, job_id: int) -> dict:
+    return stack.client.get(f"/v1/jobs/{job_id}")
+
+
+# --- (a) act mode: a fatal XID on a running job's node -------------------------------------
+
+
+def test_act_fatal_xid_requeues_away_and_drains(stacks, submit, scheduler):
+    stack = stacks("act")
+    job_id = submit("-N2", "--wrap=sleep 600")
+    first = wait_for(lambda: running(scheduler, job_id))
+    bad = first.nodes[1]
+
+    reported = stack.report_xid(bad)
+    again = wait_for(lambda: running(scheduler, job_id, restarts=1), timeout=30)
+    elapsed = time.time() - reported
+
+    assert bad not in again.nodes
+    assert bad in again.excluded_nodes
+    node = scheduler.get_node(bad)
+    assert node.drained
+    assert node.reason.startswith("srecovery:")
+    assert "xid 79" in node.reason.lower()
+    assert "srecovery: requeued after incident" in again.admin_comment
+
+    (incident,) = wait_for(lambda: [i for i in story_or_none(stack, job_id) if i["outcome"]])
+    assert incident["outcome"].startswith("restarted on")
+    advice = incident["advice"]
+    assert advice["action"] == "requeue_exclude" and advice["mode"] == "act"
+    assert advice["verdict"]["fault_class"] == "hardware"
+    assert advice["verdict"]["nodes"] == [bad]
+    assert advice["exclude"] == [bad] and advice["drain"] == [bad]
+    assert [e["kind"] for e in incident["evidence"]] == ["xid"]
+    for name in (
+        "failure",
+        "detected",
+        "attributed",
+        "advised",
+        "held",
+        "excluded",
+        "released",
+        "running_again",
+    ):
+        assert name in incident["milestones"], name
+    steps = [a["step"] for a in incident["actions"] if a["result"] == "ok"]
+    assert steps == ["drain", "mark", "requeue_hold", "exclude", "begin_now", "release", "unmark"]
+    assert elapsed < 10, f"report -> running again took {elapsed:.1f}s"
+    with urllib.request.urlopen(f"{stack.url}/metrics", timeout=5) as resp:
+        metrics = resp.read().decode()
+    assert 'srecovery_incidents_total{fault_class="hardware"} 1.0' in metrics
+    assert "srecovery_end_to_end_seconds_count 1.0" in metrics
+    assert 'srecovery_actions_total{result="ok",step="release"} 1.0' in metrics
+    with urllib.request.urlopen(f"{stack.url}/healthz", timeout=5) as resp:
+        health = json.loads(resp.read())
+    assert health["status"] == "ok" and health["modes"]["default"] == "act"
+    print(f"report -> running again: {elapsed:.2f}s; {incident['milestones']}")
+
+
+# --- (b) monitor mode: the same, Slurm untouched ---------------------------------------------
+
+
+def test_monitor_mode_records_advice_and_touches_nothing(stacks, submit, scheduler):
+    stack = stacks("monitor")
+    job_id = submit("-N2", "--wrap=sleep 600")
+    first = wait_for(lambda: running(scheduler, job_id))
+    bad = first.nodes[0]
+    stack.report_xid(bad)
+
+    (incident,) = wait_for(lambda: [i for i in story_or_none(stack, job_id) if i["outcome"]])
+    assert incident["outcome"] == (
+        f"monitor: would requeue job {job_id} excluding {bad}, drain {bad}"
+    )
+    assert incident["advice"]["mode"] == "monitor"
+    assert incident["actions"] == []
+    time.sleep(2)  # and nothing happens later either
+    job = scheduler.get_job(job_id)
+    assert (job.state, job.restart_count, job.excluded_nodes, job.nodes) == (
+        "RUNNING",
+        0,
+        frozenset(),
+        first.nodes,
+    )
+    assert not scheduler.get_node(bad).drained
+    assert stack.actions() == []
+
+
+# --- (c) an application fault: stopped with a reason, no node blamed --------------------------
+
+
+def test_application_fault_stops_the_job_and_blames_no_node(stacks, submit, scheduler):
+    stack = stacks("act")
+    job_id = submit("-N2", "--wrap=sleep 600")
+    first = wait_for(lambda: running(scheduler, job_id))
+    stack.client.post_evidence(
+        [
+            event_to_json(
+                "log_signature",
+                time.time(),
+                node=first.nodes[0],
+                job_id=job_id,
+                payload={
+                    "signature": "cuda_illegal_address",
+                    "fault_class": "application",
+                    "blame_node": False,
+                    "text": "CUDA error: an illegal memory access was encountered",
+                },
+            )
+        ],
+        role="operator",
+    )
+    job = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "CANCELLED" and j)
+    assert job.admin_comment.startswith("slurm-recovery: ")
+    assert "application" in job.admin_comment.lower()
+    (incident,) = story_or_none(stack, job_id)
+    assert incident["advice"]["action"] == "stop"
+    assert incident["advice"]["verdict"]["fault_class"] == "application"
+    assert incident["advice"]["verdict"]["nodes"] == []
+    assert incident["advice"]["exclude"] == [] and incident["advice"]["drain"] == []
+    assert incident["outcome"].startswith("stopped: ")
+    assert not any(n.drained for n in scheduler.list_nodes())
+
+
+# --- (d) killed between hold and release: released exactly once after restart ----------------
+
+
+def test_controller_killed_after_hold_resumes_and_releases_once(stacks, submit, scheduler):
+    stack = stacks("act", env={"SRECOVERY_FAILPOINT": "after:requeue_hold"})
+    job_id = submit("-N2", "--wrap=sleep 600")
+    first = wait_for(lambda: running(scheduler, job_id))
+    bad = first.nodes[0]
+    stack.report_xid(bad)
+    wait_for(lambda: not localcluster.process_alive(stack.pid, "slurm_recovery.controller"))
+    held = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "PENDING" and j)
+    assert held.held and held.restart_count == 1
+    assert held.admin_comment.startswith("srecovery:held:")
+
+    stack.start()  # a new controller, no failpoint
+    again = wait_for(lambda: running(scheduler, job_id, restarts=1), timeout=30)
+    assert bad not in again.nodes and bad in again.excluded_nodes
+    wait_for(lambda: story_or_none(stack, job_id)[0]["outcome"])
+    assert [a.result for a in stack.actions("requeue_hold")] == ["ok"]
+    assert [a.result for a in stack.actions("release")] == ["ok"]
+    assert scheduler.get_job(job_id).restart_count == 1
+
+
+# --- (e) controller dead with a held job: the watchdog releases it ----------------------------
+
+
+def test_watchdog_releases_a_job_the_dead_controller_held(stacks, submit, scheduler):
+    stack = stacks("act", hold_deadline="2s", env={"SRECOVERY_FAILPOINT": "after:requeue_hold"})
+    job_id = submit("-N2", "--wrap=sleep 600")
+    wait_for(lambda: running(scheduler, job_id))
+    stack.report_xid(scheduler.get_job(job_id).nodes[0])
+    wait_for(lambda: not localcluster.process_alive(stack.pid, "slurm_recovery.controller"))
+    wait_for(lambda: (j := scheduler.get_job(job_id)).state == "PENDING" and j.held)
+    time.sleep(2.5)  # past the hold deadline
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm_recovery.cli",
+            "--config",
+            str(stack.config),
+            "watchdog",
+            "--once",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: running(scheduler, job_id, restarts=1), timeout=20)
+    # once the controller is back, the release is in its audit trail
+    stack.start()
+    audit = wait_for(
+        lambda: [
+            r for r in stack.client.get("/v1/audit")["audit"] if r["kind"] == "watchdog_release"
+        ]
+    )
+    assert audit[0]["payload"]["job_id"] == job_id
+
+
+# --- (f) bad credentials: rejected, nothing stored ---------------------------------------------
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
+    req = urllib.request.Request(
+        url + "/v1/evidence",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", **headers},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_forged_replayed_stale_and_wrong_node_credentials_are_rejected(stacks, local_cluster):
+    stack = stacks("act")
+    sock = str(local_cluster.munge_socket)
+    body = json.dumps(
+        {"events": [event_to_json("xid", time.time(), node="n3", gpu=0, payload=FALLEN_OFF)]}
+    ).encode()
+
+    assert _post(stack.url, body, {}) == 401
+    assert _post(stack.url, body, {"Authorization": "MUNGE MUNGE:AAAAforged:"}) == 401
+    good = requests.sign("POST", "/v1/evidence", body, role="operator", socket=sock)
+    tampered = body.replace(b"n3", b"n4")
+    assert _post(stack.url, tampered, good) == 401  # body does not match the credential
+    stale = requests.sign("POST", "/v1/evidence", body, role="operator", socket=sock, ttl=1)
+    time.sleep(2.1)
+    assert _post(stack.url, body, stale) == 401
+    wrong_node = requests.sign("POST", "/v1/evidence", body, role="sidecar", node="n2", socket=sock)
+    assert _post(stack.url, body, wrong_node) == 403  # n2's sidecar reporting about n3
+    claim = requests.claim("POST", "/v1/evidence", body, role="operator")
+    nobody = subprocess.run(  # a credential minted by uid nobody (the munge CLI)
+        ["munge", "-S", sock], input=claim, capture_output=True, user="nobody"
+    )
+    assert nobody.returncode == 0, nobody.stderr
+    not_operator = {"Authorization": f"MUNGE {nobody.stdout.decode().strip()}"}
+    assert _post(stack.url, body, not_operator) == 403  # not an operator
+    with Store.open(stack.db, readonly=True) as store:
+        assert store.find_evidence() == []
+        assert store.audit_rows() == []
+
+    # (``good`` was spent above: decoding a credential consumes it, whatever happens next)
+    genuine = requests.sign("POST", "/v1/evidence", body, role="operator", socket=sock)
+    assert _post(stack.url, body, genuine) == 202  # the genuine request, once
+    assert _post(stack.url, body, genuine) == 401  # and its replay
+    with Store.open(stack.db, readonly=True) as store:
+        assert len(store.find_evidence()) == 1
+    with pytest.raises(ClientError) as err:
+        ControllerClient(stack.url, munge_socket=sock).post_evidence(
+            [{"kind": "xid", "observed_at": "yesterday"}], role="operator"
+        )
+    assert err.value.status == 400 and "observed_at" in err.value.reason
+
+
+# --- (g) the restart bound: stop, with the reason ----------------------------------------------
+
+
+def test_restart_limit_stops_the_job_with_the_reason(stacks, submit, scheduler):
+    stack = stacks("act", policy_extra="max_restarts = 1\n")
+    job_id = submit("-N2", "--wrap=sleep 2; exit 1")
+    incidents = wait_for(
+        lambda: [
+            i
+            for i in story_or_none(stack, job_id)
+            if i["outcome"] and i["outcome"].startswith("stopped")
+        ],
+        timeout=60,
+    )
+    all_incidents = story_or_none(stack, job_id)
+    assert [i["restart_count"] for i in all_incidents] == [0, 1]
+    assert all_incidents[0]["outcome"].startswith("restarted")
+    stop = incidents[0]
+    assert stop["advice"]["action"] == "stop"
+    assert stop["advice"]["rule"] == "max_restarts"
+    assert "restart limit" in stop["advice"]["reason"]
+    job = scheduler.get_job(job_id)
+    assert job.state == "FAILED" and job.restart_count == 1
+    # Slurm refuses to change a finished job: the reason lives in the advice and the audit
+    assert "not restarted" not in job.admin_comment
+    assert [r["payload"]["reason"] for r in stack.client.get("/v1/audit")["audit"]
+            if r["kind"] == "advice" and r["payload"]["action"] == "stop"] == [
+        stop["advice"]["reason"]
+    ]
+
+
+def story_or_none(stack: Stack, job_id: int) -> list:
+    try:
+        return story(stack, job_id)["incidents"]
+    except ClientError as exc:
+        if exc.status == 404:
+            return []
+        raise

@@ -1,0 +1,196 @@
+"""The XID catalogue: the shipped data, lookups, refinement by message, and how bad files fail."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_recovery.decide.catalogue import (
+    XID_ACTIONS,
+    CatalogueError,
+    XidInfo,
+    catalogue_from_entries,
+    catalogue_from_toml,
+    load_xid_catalogue,
+    xid_code,
+)
+from slurm_recovery.decide.model import FaultClass
+
+APPLICATION_XIDS = (13, 31, 43, 45, 68, 69)
+FATAL_HARDWARE_XIDS = (48, 64, 74, 79, 95, 140, 154)
+ENTRY = '[[xid]]\ncode = 1\nmeaning = "m"\nclass = "hardware"\naction = "none"\nfatal = true\n'
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_xid_catalogue()
+
+
+def test_shipped_catalogue_covers_the_common_xids(shipped):
+    required = {13, 31, 43, 45, 68, 69, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 154}
+    assert required <= set(shipped)
+
+
+@pytest.mark.parametrize("code", APPLICATION_XIDS)
+def test_application_xids_never_implicate_the_node(shipped, code):
+    info = shipped.lookup(code)
+    assert info.fault_class is FaultClass.APPLICATION
+    assert not info.fatal
+
+
+@pytest.mark.parametrize("code", FATAL_HARDWARE_XIDS)
+def test_fatal_hardware_xids(shipped, code):
+    info = shipped.lookup(code)
+    assert info.fault_class is FaultClass.HARDWARE
+    assert info.fatal
+
+
+@pytest.mark.parametrize("code", (119, 120))
+def test_gsp_xids_are_system_faults(shipped, code):
+    info = shipped.lookup(code)
+    assert info.fault_class is FaultClass.SYSTEM
+    assert info.fatal
+    assert info.action == "reset_gpu"
+
+
+@pytest.mark.parametrize("code", (63, 92, 94))
+def test_corrected_or_contained_errors_are_not_fatal(shipped, code):
+    info = shipped.lookup(code)
+    assert info.fault_class is FaultClass.HARDWARE
+    assert not info.fatal
+
+
+def test_xid_79_means_fallen_off_the_bus(shipped):
+    info = shipped.lookup(79)
+    assert info == XidInfo(79, "GPU has fallen off the bus", FaultClass.HARDWARE, "reboot", True)
+    assert info.label == "xid 79 (GPU has fallen off the bus)"
+
+
+def test_every_entry_is_well_formed(shipped):
+    for code in shipped:
+        info = shipped.lookup(code)
+        assert info.code == code
+        assert info.action in XID_ACTIONS
+        assert info.meaning and "\n" not in info.meaning
+        assert not (info.fatal and info.fault_class is FaultClass.APPLICATION)
+
+
+def test_unknown_xid_is_class_unknown_and_not_fatal(shipped):
+    info = shipped.lookup(999)
+    assert info.fault_class is FaultClass.UNKNOWN
+    assert not info.fatal
+    assert info.code == 999
+
+
+def test_xid_154_back_to_no_recovery_is_not_fatal(shipped):
+    line = "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"
+    assert not shipped.assess(154, line).fatal
+    assert shipped.assess(154, "changed from 0x0 (None) to 0x1 (GPU Reset Required)").fatal
+    assert shipped.assess(154).fatal
+
+
+def test_assess_without_marker_is_lookup(shipped):
+    assert shipped.assess(79, "anything at all") == shipped.lookup(79)
+
+
+def test_load_from_a_file(tmp_path):
+    path = tmp_path / "xid.toml"
+    path.write_text(
+        '[[xid]]\ncode = 79\nmeaning = "off the bus"\nclass = "hardware"\n'
+        'action = "reboot"\nfatal = true\n'
+    )
+    catalogue = load_xid_catalogue(path)
+    assert catalogue.lookup(79).meaning == "off the bus"
+    assert catalogue.source == str(path)
+    assert len(catalogue) == 1
+
+
+def test_missing_file_names_it(tmp_path):
+    with pytest.raises(CatalogueError, match="no such file"):
+        load_xid_catalogue(tmp_path / "absent.toml")
+
+
+def test_catalogue_error_is_a_value_error():
+    assert issubclass(CatalogueError, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[[xid]]\ncode = 1\n", "meaning is missing"),
+        (
+            '[[xid]]\ncode = 1\nmeaning = "m"\nclass = "hardwre"\naction = "none"\nfatal = true\n',
+            "did you mean 'hardware'",
+        ),
+        (
+            ENTRY.replace('action = "none"', 'action = "rebot"'),
+            "did you mean 'reboot'",
+        ),
+        (
+            ENTRY.replace("fatal = true", 'fatal = "yes"'),
+            "must be true or false",
+        ),
+        (
+            '[[xid]]\ncode = 1\nmeaning = "m"\nclass = "hardware"\naction = "none"\nfatal = true\n'
+            "severity = 3\n",
+            "severity: unknown key",
+        ),
+        (
+            '[[xid]]\ncode = 1\nmeaning = "m"\nclass = "application"\naction = "none"\n'
+            "fatal = true\n",
+            "application XID leaves the GPU usable",
+        ),
+        (
+            '[[xid]]\ncode = 1\nmeaning = "m"\nclass = "hardware"\naction = "none"\nfatal = true\n'
+            '[[xid]]\ncode = 1\nmeaning = "n"\nclass = "hardware"\naction = "none"\nfatal = true\n',
+            "listed twice",
+        ),
+        ("xids = 3\n", "did you mean 'xid'"),
+        ("[[xid]\n", "invalid TOML"),
+    ],
+)
+def test_bad_catalogues_say_what_and_where(text, expected):
+    with pytest.raises(CatalogueError) as caught:
+        catalogue_from_toml(text, "cat.toml")
+    assert expected in str(caught.value)
+    assert str(caught.value).startswith("cat.toml")
+
+
+def test_every_problem_is_listed():
+    text = '[[xid]]\ncode = -1\nmeaning = ""\nclass = "x"\naction = "y"\nfatal = 1\n'
+    with pytest.raises(CatalogueError) as caught:
+        catalogue_from_toml(text, "cat.toml")
+    assert len(caught.value.problems) == 5
+
+
+def test_catalogue_from_entries_equals_loaded():
+    info = XidInfo(79, "GPU has fallen off the bus", FaultClass.HARDWARE, "reboot", True)
+    built = catalogue_from_entries([info])
+    loaded = catalogue_from_toml(
+        '[[xid]]\ncode = 79\nmeaning = "GPU has fallen off the bus"\nclass = "hardware"\n'
+        'action = "reboot"\nfatal = true\n'
+    )
+    assert built == loaded
+
+
+@pytest.mark.parametrize(
+    ("payload", "code"),
+    [
+        ({"xid": 79}, 79),
+        ({"xid": "48"}, 48),
+        ({}, None),
+        ({"xid": True}, None),
+        ({"xid": -1}, None),
+    ],
+)
+def test_xid_code_from_payload(payload, code):
+    assert xid_code(payload) == code
+
+
+def test_docs_list_every_shipped_xid(shipped):
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "policy.md").read_text()
+    for code in shipped:
+        info = shipped.lookup(code)
+        row = f"| {code:<3} | {info.meaning:<47} | {info.fault_class.value:<11} |"
+        assert row in docs, row

@@ -1,0 +1,186 @@
+"""detect(): which job attempts are in trouble: crashes, doomed running jobs, application faults."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from slurm_recovery.decide.catalogue import load_xid_catalogue
+from slurm_recovery.decide.detect import FAILED_STATES, START_SLACK, detect
+from slurm_recovery.decide.model import ClusterView, Evidence, IncidentKind
+from slurm_recovery.decide.policy import Policy
+from slurm_recovery.scheduler.base import ExitCode, Job, Node
+
+CATALOGUE = load_xid_catalogue()
+POLICY = Policy()
+START = 1_000
+
+
+def job(job_id: int = 42, state: str = "RUNNING", nodes=("n1", "n2"), **kw) -> Job:
+    fields = dict(
+        job_id=job_id,
+        name="train",
+        state=state,
+        reason="",
+        user="alice",
+        partition="gpu",
+        nodes=tuple(nodes),
+        num_nodes=len(nodes),
+        submit_time=900,
+        restart_count=0,
+        start_time=START,
+    )
+    fields.update(kw)
+    return Job(**fields)
+
+
+def view(*jobs: Job, now: float = 2_000) -> ClusterView:
+    nodes = {f"n{i}": Node(f"n{i}", "ALLOCATED", partitions=("gpu",)) for i in range(1, 9)}
+    return ClusterView(now=now, jobs={j.job_id: j for j in jobs}, nodes=nodes)
+
+
+def xid(ev_id: int, code: int, node: str = "n2", at: float = 1_500, gpu: int = 1, **kw):
+    return Evidence(ev_id, "sidecar", "xid", at, node=node, gpu=gpu, payload={"xid": code, **kw})
+
+
+def log(ev_id: int, job_id: int = 42, fault_class: str = "application", at: float = 1_500):
+    payload = {"signature": "cuda_illegal_address", "fault_class": fault_class, "blame_node": False}
+    return Evidence(
+        ev_id, "sidecar", "log_signature", at, node="n1", job_id=job_id, payload=payload
+    )
+
+
+def run(*jobs: Job, evidence=(), done=()):
+    return detect(view(*jobs), list(evidence), set(done), CATALOGUE, POLICY)
+
+
+# --------------------------------------------------------------------------------- crashes
+
+
+@pytest.mark.parametrize("state", sorted(FAILED_STATES))
+def test_a_job_that_ended_in_failure_is_a_crash(state):
+    ended = job(state=state, end_time=1_700, exit_code=ExitCode(1, 0))
+    end = Evidence(7, "hook", "job_end", 1_700.2, job_id=42, payload={"state": state})
+    (incident,) = run(ended, evidence=[end])
+    assert incident.kind is IncidentKind.CRASH
+    assert incident.failed_at == 1_700
+    assert incident.trigger_ids == (7,)
+    assert (incident.job_id, incident.restart_count, incident.submit_time) == (42, 0, 900)
+    assert state in incident.summary and "n[1-2]" in incident.summary
+
+
+@pytest.mark.parametrize(
+    "state", ["COMPLETED", "CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE", "PENDING", "RUNNING"]
+)
+def test_other_ends_are_not_crashes(state):
+    assert run(job(state=state, end_time=1_700)) == []
+
+
+def test_crash_time_falls_back_to_the_job_end_evidence_then_to_now():
+    ended = job(state="FAILED", end_time=0)
+    end = Evidence(3, "hook", "job_end", 1_650.0, job_id=42)
+    assert run(ended, evidence=[end])[0].failed_at == 1_650.0
+    assert run(ended)[0].failed_at == 2_000  # view.now
+
+
+def test_a_job_end_of_an_earlier_attempt_is_not_a_trigger():
+    ended = job(state="FAILED", end_time=1_700)
+    old = Evidence(3, "hook", "job_end", START - 60, job_id=42)
+    assert run(ended, evidence=[old])[0].trigger_ids == ()
+
+
+def test_attempts_already_open_or_done_are_skipped():
+    ended = job(state="FAILED", end_time=1_700, restart_count=2)
+    assert run(ended, done=[(42, 2)]) == []
+    assert len(run(ended, done=[(42, 1)])) == 1
+
+
+# --------------------------------------------------------------------------------- doomed
+
+
+def test_a_fatal_xid_on_a_running_job_node_dooms_it():
+    (incident,) = run(job(), evidence=[xid(5, 79, at=1_500), xid(6, 48, node="n1", at=1_600)])
+    assert incident.kind is IncidentKind.DOOMED
+    assert incident.failed_at == 1_500
+    assert incident.trigger_ids == (5, 6)
+    assert "xid 79 (GPU has fallen off the bus) on n2 gpu1" in incident.summary
+
+
+def test_an_operator_report_dooms_a_running_job():
+    report = Evidence(9, "operator", "operator_report", 1_400, node="n1", payload={"reason": "PSU"})
+    (incident,) = run(job(), evidence=[report])
+    assert incident.kind is IncidentKind.DOOMED
+    assert "operator report on n1: PSU" in incident.summary
+
+
+@pytest.mark.parametrize("code", [13, 31, 43, 45, 63, 92, 94, 9999])
+def test_application_non_fatal_and_unknown_xids_do_not_doom(code):
+    assert run(job(), evidence=[xid(5, code)]) == []
+
+
+def test_xid_154_saying_no_recovery_needed_does_not_doom():
+    line = "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"
+    assert run(job(), evidence=[xid(5, 154, message=line)]) == []
+    assert len(run(job(), evidence=[xid(5, 154, message="to 0x1 (GPU Reset Required)")])) == 1
+
+
+def test_fatal_evidence_on_another_node_does_not_doom():
+    assert run(job(), evidence=[xid(5, 79, node="n7")]) == []
+
+
+def test_fatal_evidence_from_before_the_job_started_does_not_doom():
+    assert run(job(), evidence=[xid(5, 79, at=START - START_SLACK - 0.1)]) == []
+    assert len(run(job(), evidence=[xid(5, 79, at=START - START_SLACK)])) == 1
+
+
+def test_evidence_without_a_usable_xid_is_ignored():
+    bad = Evidence(5, "sidecar", "xid", 1_500, node="n2", payload={"xid": "seventy-nine"})
+    nodeless = Evidence(6, "sidecar", "xid", 1_500, payload={"xid": 79})
+    assert run(job(), evidence=[bad, nodeless]) == []
+
+
+def test_only_running_jobs_are_doomed():
+    for state in ("PENDING", "COMPLETING", "SUSPENDED"):
+        assert run(job(state=state), evidence=[xid(5, 79)]) == []
+
+
+# --------------------------------------------------------------------------------- app faults
+
+
+def test_an_application_log_signature_on_a_running_job_is_an_app_fault():
+    (incident,) = run(job(), evidence=[log(8)])
+    assert incident.kind is IncidentKind.APP_FAULT
+    assert incident.failed_at == 1_500
+    assert incident.trigger_ids == (8,)
+    assert "cuda_illegal_address" in incident.summary
+
+
+def test_log_signatures_of_other_jobs_or_classes_are_not_app_faults():
+    assert run(job(), evidence=[log(8, job_id=43)]) == []
+    assert run(job(), evidence=[log(8, fault_class="hardware")]) == []
+    assert run(job(), evidence=[log(8, at=START - 100)]) == []
+
+
+def test_doomed_wins_over_app_fault_for_the_same_attempt():
+    (incident,) = run(job(), evidence=[log(8, at=1_400), xid(5, 79, at=1_500)])
+    assert incident.kind is IncidentKind.DOOMED
+
+
+# --------------------------------------------------------------------------------- order
+
+
+def test_incidents_come_in_job_id_order_and_ignore_evidence_order():
+    jobs = [
+        job(50, state="FAILED", end_time=1_700),
+        job(7, nodes=("n3",)),
+        job(30, nodes=("n4",)),
+        job(12, state="COMPLETED"),
+    ]
+    evidence = [xid(1, 79, node="n3"), log(2, job_id=30), xid(3, 48, node="n3", at=1_450)]
+    first = run(*jobs, evidence=evidence)
+    assert [i.job_id for i in first] == [7, 30, 50]
+    assert first[0].failed_at == 1_450
+    shuffled = evidence[:]
+    random.Random(4).shuffle(shuffled)
+    assert run(*reversed(jobs), evidence=shuffled) == first
