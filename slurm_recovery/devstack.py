@@ -42,7 +42,7 @@ def write_policy(path: Path, mode: str, extra: str = "") -> None:
     """The dev policy: every partition in ``mode``. A small cluster needs a larger drain share
     than a real one (1 node of 4 is 25 %). ``extra``: more top-level policy keys."""
     path.write_text(
-        f"# Written by `srecovery dev up`; see docs/policy.md.\nmode = \"{mode}\"\n{extra}"
+        f'# Written by `srecovery dev up`; see docs/policy.md.\nmode = "{mode}"\n{extra}'
         "\n[blast_radius]\nmax_nodes = 2\nmax_percent = 50.0\n"
     )
     path.chmod(0o644)

@@ -353,15 +353,18 @@ class Reconciler:
         )
 
     def _stop(self, incident: Incident, plan: Planned, job_id: int, job: Job | None) -> bool:
-        if job is not None and job.active:
-            if not self._step(
+        if (
+            job is not None
+            and job.active
+            and not self._step(
                 incident,
                 plan,
                 "cancel",
                 f"job {job_id}",
                 lambda: self.scheduler.cancel(job_id, plan.reason),
-            ):
-                return True
+            )
+        ):
+            return True
         # A job that already ended stays ended; Slurm refuses to change a finished job's
         # AdminComment, so the reason lives in the advice and the audit trail.
         self.store.add_milestone(incident.id, "stopped", at=self.clock())

@@ -373,10 +373,11 @@ def test_restart_limit_stops_the_job_with_the_reason(stacks, submit, scheduler):
     assert job.state == "FAILED" and job.restart_count == 1
     # Slurm refuses to change a finished job: the reason lives in the advice and the audit
     assert "not restarted" not in job.admin_comment
-    assert [r["payload"]["reason"] for r in stack.client.get("/v1/audit")["audit"]
-            if r["kind"] == "advice" and r["payload"]["action"] == "stop"] == [
-        stop["advice"]["reason"]
-    ]
+    assert [
+        r["payload"]["reason"]
+        for r in stack.client.get("/v1/audit")["audit"]
+        if r["kind"] == "advice" and r["payload"]["action"] == "stop"
+    ] == [stop["advice"]["reason"]]
 
 
 def story_or_none(stack: Stack, job_id: int) -> list:
