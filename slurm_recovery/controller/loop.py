@@ -309,9 +309,10 @@ class Reconciler:
         if failures >= MAX_FAILED_STEPS:
             self._close(incident, f"gave up after {failures} failed steps: needs operator")
             return False
+        ours = f"srecovery:{incident.id}:"
         for node in sorted(plan.drain):
             if not self._drained(node, view):
-                reason = f"srecovery:{incident.id}:{plan.cause or plan.fault_class}"
+                reason = f"{ours}{plan.cause or plan.fault_class}"
                 if not self._step(
                     incident,
                     plan,
@@ -321,6 +322,11 @@ class Reconciler:
                 ):
                     return True
                 self._mark_drained(node, reason)
+            elif (shown := view.nodes.get(node)) and shown.reason.startswith(ours):
+                recorded = self.store.get_node(node)
+                if not (recorded and recorded.drain_reason == shown.reason):
+                    # drained by us just before a crash: record it (blast radius, lemons)
+                    self._mark_drained(node, shown.reason)
         if plan.action is Action.NONE:
             self._close(incident, "nothing to do")
             return False

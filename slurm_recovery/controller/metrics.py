@@ -48,6 +48,11 @@ class Metrics:
             "Nodes drained by slurm-recovery, still drained",
             registry=r,
         )
+        self.nodes_excluded = Gauge(
+            "srecovery_nodes_excluded",
+            "Distinct nodes excluded by slurm-recovery from jobs still pending or running",
+            registry=r,
+        )
         self.ingest_events = Counter(
             "srecovery_ingest_events", "Evidence events accepted", registry=r
         )

@@ -30,7 +30,9 @@ from slurm_recovery.controller.loop import Reconciler
 from slurm_recovery.controller.metrics import Metrics
 from slurm_recovery.controller.wire import WireError, parse_batch
 from slurm_recovery.decide.catalogue import load_xid_catalogue
+from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import load_policy
+from slurm_recovery.holdmark import parse_hold_mark
 from slurm_recovery.scheduler import Node, Scheduler, open_scheduler
 from slurm_recovery.store import Store, StoreError
 
@@ -73,6 +75,16 @@ def node_addresses(nodes: Mapping[str, Node]) -> dict[str, frozenset[str]]:
             addrs |= resolved[host]
         out[name] = frozenset(addrs)
     return out
+
+
+def excluded_by_tool(view: ClusterView) -> set[str]:
+    """Nodes excluded from active jobs that the tool requeued (its mark or note is on them)."""
+    nodes: set[str] = set()
+    for job in view.jobs.values():
+        comment = job.admin_comment
+        if job.active and (comment.startswith("srecovery: requeued") or parse_hold_mark(comment)):
+            nodes |= job.excluded_nodes
+    return nodes
 
 
 class Controller:
@@ -150,6 +162,7 @@ class Controller:
         if view is not None:
             self.node_addresses = node_addresses(view.nodes)
             self.metrics.nodes_drained.set(len(view.drained_by_tool))
+            self.metrics.nodes_excluded.set(len(excluded_by_tool(view)))
         return busy
 
     # --- authentication ----------------------------------------------------------------

@@ -159,6 +159,8 @@ def test_act_fatal_xid_requeues_away_and_drains(stacks, submit, scheduler):
         metrics = resp.read().decode()
     assert 'srecovery_incidents_total{fault_class="hardware"} 1.0' in metrics
     assert "srecovery_end_to_end_seconds_count 1.0" in metrics
+    assert "srecovery_nodes_drained_by_tool 1.0" in metrics
+    assert "srecovery_nodes_excluded 1.0" in metrics
     assert 'srecovery_actions_total{result="ok",step="release"} 1.0' in metrics
     with urllib.request.urlopen(f"{stack.url}/healthz", timeout=5) as resp:
         health = json.loads(resp.read())
@@ -233,24 +235,32 @@ def test_application_fault_stops_the_job_and_blames_no_node(stacks, submit, sche
 # --- (d) killed between hold and release: released exactly once after restart ----------------
 
 
-def test_controller_killed_after_hold_resumes_and_releases_once(stacks, submit, scheduler):
-    stack = stacks("act", env={"SRECOVERY_FAILPOINT": "after:requeue_hold"})
+@pytest.mark.parametrize("step", ["drain", "mark", "requeue_hold", "exclude", "release"])
+def test_controller_killed_after_any_step_resumes_and_does_nothing_twice(
+    stacks, submit, scheduler, step
+):
+    stack = stacks("act", env={"SRECOVERY_FAILPOINT": f"after:{step}"})
     job_id = submit("-N2", "--wrap=sleep 600")
     first = wait_for(lambda: running(scheduler, job_id))
     bad = first.nodes[0]
     stack.report_xid(bad)
     wait_for(lambda: not localcluster.process_alive(stack.pid, "slurm_recovery.controller"))
-    held = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "PENDING" and j)
-    assert held.held and held.restart_count == 1
-    assert held.admin_comment.startswith("srecovery:held:")
+    if step == "requeue_hold":
+        held = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "PENDING" and j)
+        assert held.held and held.restart_count == 1
+        assert held.admin_comment.startswith("srecovery:held:")
 
     stack.start()  # a new controller, no failpoint
     again = wait_for(lambda: running(scheduler, job_id, restarts=1), timeout=30)
     assert bad not in again.nodes and bad in again.excluded_nodes
-    wait_for(lambda: story_or_none(stack, job_id)[0]["outcome"])
-    assert [a.result for a in stack.actions("requeue_hold")] == ["ok"]
-    assert [a.result for a in stack.actions("release")] == ["ok"]
+    assert scheduler.get_node(bad).drained
+    wait_for(lambda: story(stack, job_id)["incidents"][0]["outcome"])
+    ok_steps = [a.step for a in stack.actions() if a.result == "ok"]
+    for once in ("drain", "mark", "requeue_hold", "exclude", "release"):
+        assert ok_steps.count(once) == 1, (once, ok_steps)
     assert scheduler.get_job(job_id).restart_count == 1
+    nodes = {n["name"]: n for n in stack.client.get("/v1/nodes")["nodes"]}
+    assert nodes[bad]["drained_by_tool"] and nodes[bad]["drain_reason"].startswith("srecovery:")
 
 
 # --- (e) controller dead with a held job: the watchdog releases it ----------------------------
@@ -387,3 +397,65 @@ def story_or_none(stack: Stack, job_id: int) -> list:
         if exc.status == 404:
             return []
         raise
+
+
+def test_cli_advice_list_and_explain(stacks, submit, scheduler):
+    stack = stacks("monitor")
+    job_id = submit("-N2", "--wrap=sleep 600")
+    bad = wait_for(lambda: running(scheduler, job_id)).nodes[0]
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm_recovery.cli",
+            "--config",
+            str(stack.config),
+            "report",
+            bad,
+            "--xid",
+            "79",
+            "--gpu",
+            "2",
+            "--reason",
+            "fell off the bus (dmesg)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.startswith(f"reported xid on {bad}: evidence ")
+    wait_for(lambda: [i for i in story_or_none(stack, job_id) if i["outcome"]])
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "slurm_recovery.cli", "--config", str(stack.config), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    listed = json.loads(cli("advice", "list", "--json", "--job", str(job_id)).stdout)
+    (item,) = listed["incidents"]
+    assert item["advice"]["verdict"]["nodes"] == [bad]
+    explained = json.loads(cli("explain", str(job_id), "--json").stdout)
+    (inc,) = explained["incidents"]
+    assert inc["evidence"][0]["payload"] == {"xid": 79, "message": "fell off the bus (dmesg)"}
+    assert inc["evidence"][0]["gpu"] == 2 and inc["evidence"][0]["source"] == "operator"
+    assert all(t.endswith("+00:00") for t in inc["milestones"].values())  # ISO-8601, UTC
+    text = cli("explain", str(job_id)).stdout
+    assert f"verdict  hardware nodes={bad}" in text and "advice   requeue_exclude" in text
+    missing = cli("explain", "999999")
+    assert missing.returncode == 1 and "404" in missing.stderr
+    down = subprocess.run(
+        [sys.executable, "-m", "slurm_recovery.cli", "advice", "list"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "SRECOVERY_URL": "http://127.0.0.1:9",
+            "SRECOVERY_CONFIG": str(stack.config),
+        },
+    )
+    assert down.returncode == 3 and "unreachable" in down.stderr

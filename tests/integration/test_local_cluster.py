@@ -95,3 +95,57 @@ def test_lifecycle_beside_the_session_cluster(local_cluster, slurm_env):
     finally:
         run(*common, "down", check=False)
     assert run(*common, "down").stdout == ""  # down twice is harmless
+
+
+def test_dev_stack_up_and_down(local_cluster):
+    from slurm_recovery import devstack
+
+    base = Path(tempfile.mkdtemp(prefix="srecovery-dev-"))
+    base.chmod(0o755)
+    port = _free_port_block(6, start=local_cluster.port_base + 600)
+    up = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm_recovery.cli",
+            "dev",
+            "--base",
+            str(base),
+            "up",
+            "--mode",
+            "act",
+            "--nodes",
+            "2",
+            "--port-base",
+            str(port),
+            "--api-port",
+            str(port + 4),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        exports = dict(
+            line.removeprefix("export ").split("=", 1) for line in up.stdout.splitlines()
+        )
+        assert exports["SRECOVERY_URL"] == f"http://127.0.0.1:{port + 4}"
+        assert exports["SLURM_CONF"] == str(base / "cluster" / "etc" / "slurm.conf")
+        assert exports["SRECOVERY_CONFIG"] == str(base / "config.toml")
+        state = json.loads((base / "dev.json").read_text())
+        assert localcluster.process_alive(state["controller"], "slurm_recovery.controller")
+        assert localcluster.process_alive(state["watchdog"], "watchdog")
+        devstack.wait_healthy(exports["SRECOVERY_URL"], timeout=5)
+    finally:
+        down = subprocess.run(
+            [sys.executable, "-m", "slurm_recovery.cli", "dev", "--base", str(base), "down"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert down.returncode == 0, down.stderr
+    assert "stopped controller" in down.stdout and "stopped watchdog" in down.stdout
+    assert not localcluster.process_alive(state["controller"], "")
+    assert not localcluster.process_alive(state["watchdog"], "")
+    assert processes_with_conf(base / "cluster" / "etc" / "slurm.conf") == []
