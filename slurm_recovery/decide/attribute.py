@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_recovery.decide.catalogue import XidCatalogue, xid_code
-from slurm_recovery.decide.detect import in_attempt
+from slurm_recovery.decide.detect import NODE_FINDING_KINDS, in_attempt
 from slurm_recovery.decide.model import Evidence, FaultClass, Incident, IncidentKind, Verdict
 from slurm_recovery.decide.policy import Policy
 from slurm_recovery.hostlist import compress
@@ -207,6 +207,8 @@ def _finding(
         detail = ": ".join(part for part in (said, reason) if part)
         text = f"operator report on {where}" + (f" ({detail})" if detail else "")
         return _Finding(FaultClass.HARDWARE, True, OPERATOR_REPORT, text, ev.id, ev.node, ev.gpu)
+    if ev.kind in NODE_FINDING_KINDS:
+        return _sidecar_finding(ev, on_node, where)
     if ev.kind == "node_state":
         if not on_node:
             return None
@@ -226,6 +228,20 @@ def _finding(
     if ev.kind == "log_signature":
         return _log_finding(ev, on_node, mine, where)
     return None
+
+
+def _sidecar_finding(ev: Evidence, on_node: bool, where: str) -> _Finding | None:
+    """A GPU or fabric finding from the node's sidecar: fatal ones are decisive hardware
+    evidence (a lost GPU, uncorrectable ECC, a port that stays down); warnings are weak."""
+    severity = ev.payload.get("severity")
+    if not on_node or severity not in ("fatal", "warning"):
+        return None
+    check = _one_line(str(ev.payload.get("check", ""))) or ev.kind
+    port = ev.payload.get("port")
+    text = f"{check} on {where}" + (f" port {port}" if port else "")
+    fatal = severity == "fatal"
+    confidence = FATAL_HARDWARE_XID if fatal else WEAK_HARDWARE_XID
+    return _Finding(FaultClass.HARDWARE, fatal, confidence, text, ev.id, ev.node, ev.gpu)
 
 
 def _log_finding(ev: Evidence, on_node: bool, mine: bool, where: str) -> _Finding | None:

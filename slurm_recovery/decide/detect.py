@@ -64,13 +64,20 @@ def detect(
     return found
 
 
+#: Sidecar findings about a node (GPU health, fabric ports); payload ``severity`` says how bad.
+NODE_FINDING_KINDS = frozenset({"gpu_finding", "ib_finding"})
+
+
 def is_fatal_node_event(ev: Evidence, catalogue: XidCatalogue) -> bool:
-    """True for evidence that a node can no longer run work: an operator's report, or an XID
-    the catalogue calls fatal whose fault is not the application's."""
+    """True for evidence that a node can no longer run work: an operator's report, a sidecar
+    finding of severity ``fatal``, or an XID the catalogue calls fatal whose fault is not the
+    application's."""
     if ev.node is None:
         return False
     if ev.kind == "operator_report":
         return True
+    if ev.kind in NODE_FINDING_KINDS:
+        return ev.payload.get("severity") == "fatal"
     if ev.kind != "xid":
         return False
     code = xid_code(ev.payload)
