@@ -12,6 +12,7 @@ import ipaddress
 import math
 import os
 import re
+import socket
 import stat
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -301,6 +302,70 @@ def _unix_name(what: str, *, empty_ok: bool) -> Validator:
     return check
 
 
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        hint = ""
+        if isinstance(value, str) and value.strip().lower() in {
+            "true",
+            "false",
+            "yes",
+            "no",
+            "on",
+            "off",
+        }:
+            hint = " (a quoted string is not a boolean)"
+        raise ValueError(f"must be true or false, lower case and without quotes{hint}")
+    return value
+
+
+def _int_range(low: int, high: int) -> Validator:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(
+                f"must be a whole number from {low} to {high}, without quotes, e.g. {max(low, 1)}"
+            )
+        if not low <= value <= high:
+            raise ValueError(f"must be from {low} to {high}")
+        return value
+
+    return check
+
+
+# A Slurm NodeName: letters, digits, '.', '_' and '-', starting with a letter or digit.
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _node_name(value: Any) -> str:
+    fix = 'a Slurm node name such as "gpu017", or "" for this host\'s short hostname'
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string: {fix}")
+    if value and not _NODE_NAME.fullmatch(value):
+        raise ValueError(
+            f"must be {fix} (letters, digits, '.', '_' and '-', starting with a letter or digit)"
+        )
+    return value
+
+
+#: The placeholder ``sidecar.spool_dir`` may contain, replaced by the sidecar's node name.
+NODE_PLACEHOLDER = "{node}"
+
+
+def _node_path(value: Any) -> Path:
+    path = _path_string(value, empty_ok=False)
+    rest = path.replace(NODE_PLACEHOLDER, "")
+    if "{" in rest or "}" in rest:
+        raise ValueError(
+            f"the only placeholder a path may hold is {NODE_PLACEHOLDER} (the node name), "
+            'e.g. "/var/spool/slurm-recovery/{node}"'
+        )
+    return Path(path)
+
+
+def short_hostname() -> str:
+    """This host's name up to the first dot: what Slurm usually calls the node."""
+    return socket.gethostname().split(".", 1)[0]
+
+
 # --------------------------------------------------------------------------------- the schema
 
 
@@ -430,6 +495,15 @@ KEYS: tuple[Key, ...] = (
         _request_bytes,
     ),
     Key(
+        "controller",
+        "spool_dir",
+        "absolute path",
+        "/var/spool/slurm-recovery/controller",
+        "Directory where the head-node EpilogSlurmctld hook spools its events when the "
+        "controller does not answer; the controller imports them.",
+        _path,
+    ),
+    Key(
         "auth",
         "munge_socket",
         "absolute path, or empty",
@@ -488,6 +562,131 @@ KEYS: tuple[Key, ...] = (
         "SRECOVERY_URL overrides it. A trailing / is dropped.",
         _url,
     ),
+    Key(
+        "sidecar",
+        "node",
+        "string (Slurm node name), or empty",
+        "",
+        "The Slurm node name this sidecar speaks for. Empty: this host's short hostname.",
+        _node_name,
+    ),
+    Key(
+        "sidecar",
+        "gpu_backend",
+        "one of nvml, sim, none",
+        "nvml",
+        "Where GPU state comes from. nvml: the NVIDIA driver (libnvidia-ml). sim: simulated "
+        "GPUs under sidecar.sim_dir, for tests. none: no GPU telemetry.",
+        _choice("nvml", "sim", "none"),
+    ),
+    Key(
+        "sidecar",
+        "sim_dir",
+        "absolute path",
+        "/var/lib/slurm-recovery/sim",
+        "Where the simulated backend keeps each node's GPU state and injected faults.",
+        _path,
+    ),
+    Key(
+        "sidecar",
+        "sim_gpus",
+        "integer, 1 to 64",
+        8,
+        "GPUs per node for the simulated backend.",
+        _int_range(1, 64),
+    ),
+    Key(
+        "sidecar",
+        "expected_gpus",
+        "integer, 0 to 64",
+        0,
+        "GPUs this node should have; fewer is a gpu_lost finding. 0: take the count from the "
+        "first inventory.",
+        _int_range(0, 64),
+    ),
+    Key(
+        "sidecar",
+        "poll_interval",
+        "duration, more than 0",
+        10,
+        "How often the sidecar polls telemetry (NVML, InfiniBand).",
+        _duration_above_zero,
+    ),
+    Key(
+        "sidecar",
+        "fast_interval",
+        "duration, more than 0",
+        0.2,
+        "How often the sidecar checks the kernel log reader, injected faults and the hook spool.",
+        _duration_above_zero,
+    ),
+    Key(
+        "sidecar",
+        "spool_dir",
+        'absolute path, may contain "{node}"',
+        "/var/spool/slurm-recovery",
+        "Directory for hook events, the outbound queue and the health file. {node} is replaced "
+        "by the node name, so several sidecars on one host each get their own.",
+        _node_path,
+    ),
+    Key(
+        "sidecar",
+        "queue_max_events",
+        "integer, 1000 to 10000000",
+        100000,
+        "Bound of the on-disk outbound queue; past it the oldest events are dropped and counted.",
+        _int_range(1000, 10_000_000),
+    ),
+    Key(
+        "sidecar",
+        "kmsg",
+        "boolean",
+        True,
+        "Read GPU XID errors from the kernel log (/dev/kmsg).",
+        _bool,
+    ),
+    Key(
+        "sidecar",
+        "ib_sysfs",
+        "absolute path, or empty",
+        "/sys/class/infiniband",
+        "sysfs directory of the InfiniBand devices. Empty: no InfiniBand telemetry.",
+        _optional_path,
+    ),
+    Key(
+        "sidecar",
+        "nvml_timeout",
+        "duration, more than 0",
+        5,
+        "The longest any one NVML call may take before it counts as failed.",
+        _duration_above_zero,
+    ),
+    Key(
+        "sidecar",
+        "batch_max_events",
+        "integer, 1 to 1000",
+        500,
+        "Most events the sidecar sends to the controller in one request.",
+        _int_range(1, 1000),
+    ),
+    Key(
+        "hooks",
+        "health_gate",
+        "boolean",
+        False,
+        "The prolog refuses a node with an open fatal GPU finding (Slurm then drains the node "
+        "and requeues the job). Honoured only in act mode.",
+        _bool,
+    ),
+    Key(
+        "hooks",
+        "controller_timeout",
+        "duration, more than 0",
+        0.5,
+        "How long the head-node EpilogSlurmctld hook waits for the controller before spooling "
+        "its event to controller.spool_dir.",
+        _duration_above_zero,
+    ),
 )
 
 _BY_DOTTED: dict[str, Key] = {key.dotted: key for key in KEYS}
@@ -532,6 +731,7 @@ class ControllerConfig:
     loop_interval: float = DEFAULTS["controller.loop_interval"]
     hold_deadline: float = DEFAULTS["controller.hold_deadline"]
     max_request_bytes: int = DEFAULTS["controller.max_request_bytes"]
+    spool_dir: Path = DEFAULTS["controller.spool_dir"]
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
@@ -559,6 +759,39 @@ class ClientConfig:
 
 
 @dataclass(frozen=True)
+class SidecarConfig:
+    node: str = DEFAULTS["sidecar.node"]
+    gpu_backend: str = DEFAULTS["sidecar.gpu_backend"]
+    sim_dir: Path = DEFAULTS["sidecar.sim_dir"]
+    sim_gpus: int = DEFAULTS["sidecar.sim_gpus"]
+    expected_gpus: int = DEFAULTS["sidecar.expected_gpus"]
+    poll_interval: float = DEFAULTS["sidecar.poll_interval"]
+    fast_interval: float = DEFAULTS["sidecar.fast_interval"]
+    spool_dir: Path = DEFAULTS["sidecar.spool_dir"]
+    queue_max_events: int = DEFAULTS["sidecar.queue_max_events"]
+    kmsg: bool = DEFAULTS["sidecar.kmsg"]
+    ib_sysfs: str = DEFAULTS["sidecar.ib_sysfs"]
+    nvml_timeout: float = DEFAULTS["sidecar.nvml_timeout"]
+    batch_max_events: int = DEFAULTS["sidecar.batch_max_events"]
+
+    @property
+    def node_name(self) -> str:
+        """``node``, or this host's short hostname when ``node`` is empty."""
+        return self.node or short_hostname()
+
+    def spool_path(self, node: str | None = None) -> Path:
+        """``spool_dir`` with ``{node}`` replaced by ``node`` (default: :attr:`node_name`)."""
+        name = self.node_name if node is None else node
+        return Path(str(self.spool_dir).replace(NODE_PLACEHOLDER, name))
+
+
+@dataclass(frozen=True)
+class HooksConfig:
+    health_gate: bool = DEFAULTS["hooks.health_gate"]
+    controller_timeout: float = DEFAULTS["hooks.controller_timeout"]
+
+
+@dataclass(frozen=True)
 class Config:
     """The settings in force; ``source`` is the file they came from (None: all defaults)."""
 
@@ -570,6 +803,8 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
+    sidecar: SidecarConfig = field(default_factory=SidecarConfig)
+    hooks: HooksConfig = field(default_factory=HooksConfig)
     source: Path | None = None
 
 
@@ -584,6 +819,8 @@ SECTIONS: Mapping[str, type] = MappingProxyType(
         "auth": AuthConfig,
         "watchdog": WatchdogConfig,
         "client": ClientConfig,
+        "sidecar": SidecarConfig,
+        "hooks": HooksConfig,
     }
 )
 

@@ -28,8 +28,10 @@ from slurm_recovery.config import (
     Config,
     ConfigError,
     ControllerConfig,
+    HooksConfig,
     LogConfig,
     SchedulerConfig,
+    SidecarConfig,
     StoreConfig,
     WatchdogConfig,
     config_from_dict,
@@ -210,6 +212,7 @@ policy = "/srv/srecovery/policy.toml"
 loop_interval = "500ms"
 hold_deadline = "5m"
 max_request_bytes = 4096
+spool_dir = "/srv/srecovery/controller"
 
 [auth]
 munge_socket = "/run/munge/other.socket"
@@ -223,6 +226,25 @@ spool_dir = "/srv/srecovery/watchdog"
 
 [client]
 url = "https://head1.example.org:8000/"
+
+[sidecar]
+node = "gpu017"
+gpu_backend = "SIM"
+sim_dir = "/srv/srecovery/sim"
+sim_gpus = 4
+expected_gpus = 4
+poll_interval = "30s"
+fast_interval = "50ms"
+spool_dir = "/srv/srecovery/spool/{node}"
+queue_max_events = 1000
+kmsg = false
+ib_sysfs = ""
+nvml_timeout = 2
+batch_max_events = 1
+
+[hooks]
+health_gate = true
+controller_timeout = "2s"
 """,
     )
     assert load_config(path, env={}) == Config(
@@ -241,6 +263,7 @@ url = "https://head1.example.org:8000/"
             loop_interval=0.5,
             hold_deadline=300.0,
             max_request_bytes=4096,
+            spool_dir=Path("/srv/srecovery/controller"),
         ),
         auth=AuthConfig(
             munge_socket="/run/munge/other.socket",
@@ -250,6 +273,22 @@ url = "https://head1.example.org:8000/"
         ),
         watchdog=WatchdogConfig(interval=20.0, spool_dir=Path("/srv/srecovery/watchdog")),
         client=ClientConfig(url="https://head1.example.org:8000"),
+        sidecar=SidecarConfig(
+            node="gpu017",
+            gpu_backend="sim",
+            sim_dir=Path("/srv/srecovery/sim"),
+            sim_gpus=4,
+            expected_gpus=4,
+            poll_interval=30.0,
+            fast_interval=0.05,
+            spool_dir=Path("/srv/srecovery/spool/{node}"),
+            queue_max_events=1000,
+            kmsg=False,
+            ib_sysfs="",
+            nvml_timeout=2.0,
+            batch_max_events=1,
+        ),
+        hooks=HooksConfig(health_gate=True, controller_timeout=2.0),
         source=path,
     )
 
@@ -340,6 +379,7 @@ def test_new_section_defaults():
         loop_interval=1.0,
         hold_deadline=120.0,
         max_request_bytes=1048576,
+        spool_dir=Path("/var/spool/slurm-recovery/controller"),
     )
     assert loaded.controller.listen_host_port == ("0.0.0.0", 7765)
     assert loaded.auth == AuthConfig(
@@ -349,6 +389,120 @@ def test_new_section_defaults():
         interval=10.0, spool_dir=Path("/var/lib/slurm-recovery/watchdog")
     )
     assert loaded.client == ClientConfig(url="http://localhost:7765")
+    assert loaded.sidecar == SidecarConfig(
+        node="",
+        gpu_backend="nvml",
+        sim_dir=Path("/var/lib/slurm-recovery/sim"),
+        sim_gpus=8,
+        expected_gpus=0,
+        poll_interval=10.0,
+        fast_interval=0.2,
+        spool_dir=Path("/var/spool/slurm-recovery"),
+        queue_max_events=100000,
+        kmsg=True,
+        ib_sysfs="/sys/class/infiniband",
+        nvml_timeout=5.0,
+        batch_max_events=500,
+    )
+    assert loaded.hooks == HooksConfig(health_gate=False, controller_timeout=0.5)
+
+
+@pytest.mark.parametrize(
+    ("section", "line", "expected"),
+    [
+        ("sidecar", "node = 'gpu 17'", "must be a Slurm node name"),
+        ("sidecar", "node = '-gpu17'", "must be a Slurm node name"),
+        ("sidecar", "node = 'gpu17/a'", "must be a Slurm node name"),
+        ("sidecar", "node = 17", "must be a string"),
+        ("sidecar", "gpu_backend = 'nvidia'", "must be one of nvml, sim, none"),
+        ("sidecar", "gpu_backend = 'simm'", "(did you mean 'sim'?)"),
+        ("sidecar", "gpu_backend = false", "must be a string, one of nvml, sim, none"),
+        ("sidecar", "sim_dir = 'sim'", "must be an absolute path"),
+        ("sidecar", "sim_dir = ''", "must be an absolute path"),
+        ("sidecar", "sim_gpus = 0", "must be from 1 to 64"),
+        ("sidecar", "sim_gpus = 65", "must be from 1 to 64"),
+        ("sidecar", "sim_gpus = '8'", "must be a whole number from 1 to 64, without quotes"),
+        ("sidecar", "sim_gpus = 8.0", "must be a whole number from 1 to 64"),
+        ("sidecar", "sim_gpus = true", "must be a whole number from 1 to 64"),
+        ("sidecar", "expected_gpus = -1", "must be from 0 to 64"),
+        ("sidecar", "expected_gpus = 65", "must be from 0 to 64"),
+        ("sidecar", "poll_interval = 0", "must be more than 0 seconds"),
+        ("sidecar", "poll_interval = 'often'", "not a duration"),
+        ("sidecar", "fast_interval = '0ms'", "must be more than 0 seconds"),
+        ("sidecar", "fast_interval = -0.2", "cannot be negative"),
+        ("sidecar", "spool_dir = 'spool'", "must be an absolute path"),
+        ("sidecar", "spool_dir = ''", "must be an absolute path"),
+        ("sidecar", "spool_dir = '/var/spool/{host}'", "the only placeholder a path may hold"),
+        ("sidecar", "spool_dir = '/var/spool/{node'", "the only placeholder a path may hold"),
+        ("sidecar", "spool_dir = '/var/spool/{}'", "the only placeholder a path may hold"),
+        ("sidecar", "queue_max_events = 999", "must be from 1000 to 10000000"),
+        ("sidecar", "queue_max_events = 10000001", "must be from 1000 to 10000000"),
+        ("sidecar", "queue_max_events = 1e5", "must be a whole number"),
+        ("sidecar", "kmsg = 'true'", "must be true or false"),
+        ("sidecar", "kmsg = 'true'", "a quoted string is not a boolean"),
+        ("sidecar", "kmsg = 1", "must be true or false, lower case and without quotes"),
+        ("sidecar", "kmsg = 'yes'", "must be true or false"),
+        ("sidecar", "ib_sysfs = 'sys/class/infiniband'", "must be an absolute path"),
+        ("sidecar", "ib_sysfs = false", "must be a string holding an absolute path"),
+        ("sidecar", "nvml_timeout = 0", "must be more than 0 seconds"),
+        ("sidecar", "nvml_timeout = true", "must be a duration"),
+        ("sidecar", "batch_max_events = 0", "must be from 1 to 1000"),
+        ("sidecar", "batch_max_events = 1001", "must be from 1 to 1000"),
+        ("hooks", "health_gate = 'false'", "must be true or false"),
+        ("hooks", "health_gate = 0", "must be true or false"),
+        ("hooks", "controller_timeout = 0", "must be more than 0 seconds"),
+        ("hooks", "controller_timeout = 'fast'", "not a duration"),
+        ("controller", "spool_dir = 'spool'", "must be an absolute path"),
+        ("controller", "spool_dir = ''", "must be an absolute path"),
+    ],
+)
+def test_bad_sidecar_and_hooks_values(tmp_path, section, line, expected):
+    path = write(tmp_path, f"[{section}]\n{line}\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, env={})
+    [problem] = problems(excinfo)
+    name = line.split(" = ")[0]
+    assert problem.startswith(f"{path}: {section}.{name} = ")
+    assert expected in problem
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("sim_gpus", 1),
+        ("sim_gpus", 64),
+        ("expected_gpus", 0),
+        ("expected_gpus", 64),
+        ("queue_max_events", 1000),
+        ("queue_max_events", 10_000_000),
+        ("batch_max_events", 1),
+        ("batch_max_events", 1000),
+        ("kmsg", False),
+        ("node", "gpu-a01.rack_2"),
+        ("ib_sysfs", ""),
+    ],
+)
+def test_sidecar_bounds_accepted(key, value):
+    assert getattr(config_from_dict({"sidecar": {key: value}}).sidecar, key) == value
+
+
+def test_sidecar_spool_dir_node_placeholder(monkeypatch):
+    monkeypatch.setattr(config.socket, "gethostname", lambda: "gpu3.cluster.example.org")
+    templated = SidecarConfig(spool_dir=Path("/var/spool/srec/{node}"))
+    assert templated.node_name == "gpu3"
+    assert templated.spool_path() == Path("/var/spool/srec/gpu3")
+    assert templated.spool_path("n7") == Path("/var/spool/srec/n7")
+    named = dataclasses.replace(templated, node="sim-1")
+    assert named.node_name == "sim-1"
+    assert named.spool_path() == Path("/var/spool/srec/sim-1")
+    assert SidecarConfig().spool_path("n7") == Path("/var/spool/slurm-recovery")
+    loaded = config_from_dict({"sidecar": {"spool_dir": "/s/{node}/q-{node}", "node": "a"}})
+    assert loaded.sidecar.spool_path() == Path("/s/a/q-a")
+
+
+def test_hooks_booleans():
+    assert config_from_dict({"hooks": {"health_gate": True}}).hooks.health_gate is True
+    assert config_from_toml("[hooks]\nhealth_gate = false\n").hooks.health_gate is False
 
 
 @pytest.mark.parametrize(
@@ -786,7 +940,18 @@ def test_format_duration_examples():
                 st.floats(),
                 st.booleans(),
                 st.sampled_from(
-                    ["auto", "debug", "/abs", "5m", "scontrol", "[::1]:80", "h:1", "http://h"]
+                    [
+                        "auto",
+                        "debug",
+                        "/abs",
+                        "5m",
+                        "scontrol",
+                        "[::1]:80",
+                        "h:1",
+                        "http://h",
+                        "sim",
+                        "/s/{node}",
+                    ]
                 ),
             ),
         ),
@@ -822,6 +987,8 @@ def test_dataclass_defaults_are_the_schema_defaults():
 
 def toml_value(value: object) -> str:
     """How a default is spelled in TOML (and in the docs)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)
     return str(value)
