@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -30,6 +31,7 @@ from slurm_recovery import devstack, localcluster
 from slurm_recovery.client import ControllerClient
 from slurm_recovery.controller.wire import event_to_json
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
+from slurm_recovery.sidecar.sim import inject
 
 
 def wait(predicate, timeout: float = 60.0, interval: float = 0.02):
@@ -40,6 +42,13 @@ def wait(predicate, timeout: float = 60.0, interval: float = 0.02):
             return value
         time.sleep(interval)
     raise TimeoutError("condition not met")
+
+
+FALLEN_OFF = "GPU has fallen off the bus."
+
+
+def detected_at(story: dict) -> float:
+    return datetime.fromisoformat(story["milestones"]["detected"]).timestamp()
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
@@ -63,6 +72,13 @@ def main() -> int:
         "and without this the trials would all land at the same point of that tick",
     )
     parser.add_argument("--seed", type=int, default=1, help="for the jitter")
+    parser.add_argument(
+        "--via",
+        choices=("report", "sim"),
+        default="report",
+        help="report: an operator's signed XID report over HTTP; sim: an XID injected into "
+        "the node's simulated GPU, read and sent by that node's sidecar (the production path)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--keep", action="store_true", help="leave the stack running")
     args = parser.parse_args()
@@ -89,18 +105,13 @@ def main() -> int:
             bad = first.nodes[-1]
             time.sleep(rng.uniform(0, args.jitter))
             reported = time.time()
-            client.post_evidence(
-                [
-                    event_to_json(
-                        "xid",
-                        reported,
-                        node=bad,
-                        gpu=0,
-                        payload={"xid": 79, "message": "GPU has fallen off the bus."},
-                    )
-                ],
-                role="operator",
-            )
+            if args.via == "sim":
+                inject(stack.base / "sim", bad, gpu=0, xid=79, message=FALLEN_OFF)
+            else:
+                event = event_to_json(
+                    "xid", reported, node=bad, gpu=0, payload={"xid": 79, "message": FALLEN_OFF}
+                )
+                client.post_evidence([event], role="operator")
             wait(
                 lambda j=job_id: (x := sched.get_job(j)).state == "RUNNING" and x.restart_count == 1
             )
@@ -114,13 +125,16 @@ def main() -> int:
                 "trial": trial,
                 "job_id": job_id,
                 "node": bad,
+                "report_to_incident": detected_at(story) - reported,
                 "report_to_running": running - reported,
                 **story["latencies"],
             }
             rows.append(row)
             print(
                 f"trial {trial:>2}: job {job_id} xid on {bad}: report -> running again "
-                f"{row['report_to_running']:.2f} s (detection {row['detection'] * 1000:.0f} ms,"
+                f"{row['report_to_running']:.2f} s (to incident "
+                f"{row['report_to_incident'] * 1000:.0f} ms, detection "
+                f"{row['detection'] * 1000:.0f} ms,"
                 f" action {row['action'] * 1000:.0f} ms, end to end {row['end_to_end']:.2f} s)",
                 flush=True,
             )
@@ -132,7 +146,7 @@ def main() -> int:
             devstack.down(args.base)
     summary = {
         k: quantiles([r[k] for r in rows])
-        for k in ("report_to_running", "detection", "action", "end_to_end")
+        for k in ("report_to_incident", "report_to_running", "detection", "action", "end_to_end")
     }
     print(f"\n{'metric':<20} {'p50':>8} {'p95':>8} {'max':>8}  (seconds, {len(rows)} trials)")
     for name, q in summary.items():

@@ -49,8 +49,14 @@ def write_policy(path: Path, mode: str, extra: str = "") -> None:
 
 
 def write_config(
-    base: Path, cluster: localcluster.ClusterSpec, api_port: int, hold_deadline: str = "2m"
+    base: Path,
+    cluster: localcluster.ClusterSpec,
+    api_port: int,
+    hold_deadline: str = "2m",
+    gpus_per_node: int = 8,
 ) -> Path:
+    """config.toml for the stack: MUNGE through the cluster's own munged, simulated GPUs,
+    one spool directory per node (several sidecars share this host)."""
     config = base / "config.toml"
     (base / "watchdog").mkdir(parents=True, exist_ok=True)
     config.write_text(
@@ -64,6 +70,7 @@ command_timeout = 10
 path = "{base / "state.db"}"
 
 [controller]
+spool_dir = "{base / "spool" / "controller"}"
 listen = "127.0.0.1:{api_port}"
 policy = "{base / "policy.toml"}"
 loop_interval = 1
@@ -79,15 +86,30 @@ spool_dir = "{base / "watchdog"}"
 
 [client]
 url = "http://127.0.0.1:{api_port}"
+
+[sidecar]
+gpu_backend = "sim"
+sim_dir = "{base / "sim"}"
+sim_gpus = {gpus_per_node}
+spool_dir = "{base / "spool"}/{{node}}"
+kmsg = false
+ib_sysfs = ""
 """
     )
     config.chmod(0o644)
+    for sub in ("sim", "spool"):
+        (base / sub).mkdir(exist_ok=True)
     return config
 
 
 def start_controller(config: Path, log: Path, *, env: dict[str, str] | None = None) -> int:
     argv = [sys.executable, "-m", "slurm_recovery.controller", "--config", str(config)]
     return localcluster.spawn_daemon(argv, log, {**os.environ, **(env or {})})
+
+
+def start_sidecar(config: Path, node: str, log: Path) -> int:
+    argv = [sys.executable, "-m", "slurm_recovery.sidecar", "--config", str(config), "--node", node]
+    return localcluster.spawn_daemon(argv, log, dict(os.environ))
 
 
 def start_watchdog(config: Path, log: Path) -> int:
@@ -120,16 +142,22 @@ def up(
     mode: str = "monitor",
     port_base: int = DEV_PORT_BASE,
     api_port: int = DEV_API_PORT,
+    gpus_per_node: int = 8,
 ) -> DevStack:
+    """Cluster (with the hooks in its slurm.conf), controller, watchdog and one sidecar per
+    node with simulated GPUs; idempotent."""
+    from slurm_recovery.hooks import slurm_conf_lines, write_hook_wrappers
+
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o755)
-    spec = localcluster.up(
-        localcluster.ClusterSpec(
-            base=base / "cluster", nodes=nodes, port_base=port_base, name="srdev"
-        )
+    spec = localcluster.ClusterSpec(
+        base=base / "cluster", nodes=nodes, port_base=port_base, name="srdev"
     )
     write_policy(base / "policy.toml", mode)
-    config = write_config(base, spec, api_port)
+    config = write_config(base, spec, api_port, gpus_per_node=gpus_per_node)
+    wrappers = write_hook_wrappers(base / "hooks", config)
+    spec.extra_conf = slurm_conf_lines(wrappers)
+    localcluster.up(spec)
     url = f"http://127.0.0.1:{api_port}"
     state = _load(base)
     logs = base / "log"
@@ -138,6 +166,10 @@ def up(
         state["controller"] = start_controller(config, logs / "controller.log")
     if not localcluster.process_alive(state.get("watchdog", 0), "watchdog"):
         state["watchdog"] = start_watchdog(config, logs / "watchdog.log")
+    for node in spec.node_names:
+        key = f"sidecar:{node}"
+        if not localcluster.process_alive(state.get(key, 0), f"--node {node}"):
+            state[key] = start_sidecar(config, node, logs / f"sidecar-{node}.log")
     (base / STATE_FILE).write_text(json.dumps(state))
     wait_healthy(url, pid=state["controller"])
     return DevStack(base=base, cluster=spec, config=config, url=url)
@@ -146,7 +178,9 @@ def up(
 def down(base: Path = DEV_BASE) -> list[str]:
     state = _load(base)
     stopped = []
-    for label, must in (("watchdog", "watchdog"), ("controller", "slurm_recovery.controller")):
+    daemons = [(k, f"--node {k.split(':', 1)[1]}") for k in state if k.startswith("sidecar:")]
+    daemons += [("watchdog", "watchdog"), ("controller", "slurm_recovery.controller")]
+    for label, must in daemons:
         pid = state.get(label, 0)
         if localcluster.stop_process(pid, must):
             stopped.append(f"{label} (pid {pid})")

@@ -19,7 +19,7 @@ from slurm_recovery import devstack, localcluster
 )
 @click.pass_context
 def dev(ctx: click.Context, base: Path) -> None:
-    """A development stack: real Slurm cluster + controller + watchdog on this host."""
+    """A development stack: real Slurm cluster + controller + watchdog + sidecars here."""
     ctx.obj = {**(ctx.obj or {}), "dev_base": base}
 
 
@@ -32,14 +32,28 @@ def dev(ctx: click.Context, base: Path) -> None:
     help="Policy mode for every partition.",
 )
 @click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option(
+    "--gpus-per-node",
+    type=click.IntRange(1, 64),
+    default=8,
+    show_default=True,
+    help="Simulated GPUs per node (inject faults with `srecovery sim inject`).",
+)
 @click.option("--port-base", type=int, default=devstack.DEV_PORT_BASE, show_default=True)
 @click.option("--api-port", type=int, default=devstack.DEV_API_PORT, show_default=True)
 @click.pass_context
-def dev_up(ctx: click.Context, mode: str, nodes: int, port_base: int, api_port: int) -> None:
+def dev_up(
+    ctx: click.Context, mode: str, nodes: int, gpus_per_node: int, port_base: int, api_port: int
+) -> None:
     """Start the stack (idempotent), wait until healthy, print the exports to use it."""
     try:
         stack = devstack.up(
-            ctx.obj["dev_base"], nodes=nodes, mode=mode, port_base=port_base, api_port=api_port
+            ctx.obj["dev_base"],
+            nodes=nodes,
+            mode=mode,
+            port_base=port_base,
+            api_port=api_port,
+            gpus_per_node=gpus_per_node,
         )
     except localcluster.ClusterError as exc:
         raise click.ClickException(str(exc)) from exc

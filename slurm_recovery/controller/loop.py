@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_recovery import hostlist
+from slurm_recovery.controller.wire import parse_event
 from slurm_recovery.decide.advise import advise, after_drains
 from slurm_recovery.decide.attribute import attribute
 from slurm_recovery.decide.catalogue import XidCatalogue
@@ -29,6 +30,7 @@ from slurm_recovery.decide.model import Incident as CoreIncident
 from slurm_recovery.decide.policy import Policy
 from slurm_recovery.holdmark import hold_mark, parse_hold_mark
 from slurm_recovery.scheduler import Job, Scheduler, SchedulerError, Unreachable
+from slurm_recovery.sidecar.spool import HookSpool
 from slurm_recovery.store import (
     Advice,
     EvidenceRecord,
@@ -123,6 +125,7 @@ class Reconciler:
         cluster: str,
         hold_deadline: float,
         spool_dir: Path | None = None,
+        hook_spool_dir: Path | None = None,
         metrics: Any = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -133,6 +136,7 @@ class Reconciler:
         self.cluster = cluster
         self.hold_deadline = hold_deadline
         self.spool_dir = spool_dir
+        self.hook_spool = HookSpool(hook_spool_dir) if hook_spool_dir else None
         self.metrics = metrics
         self.clock = clock
         self.failpoint = os.environ.get(FAILPOINT_ENV, "")
@@ -150,7 +154,11 @@ class Reconciler:
         """One pass over Slurm and the open incidents. Returns True while steps are in flight
         (the caller then comes back sooner). Scheduler trouble is logged, never raised."""
         try:
-            self._import_watchdog_releases()
+            for side_input in (self._import_watchdog_releases, self._import_hook_spool):
+                try:
+                    side_input()
+                except Exception:  # a bad spool must never stop recovery
+                    log.exception("%s failed; going on", side_input.__name__)
             view = self._view()
             self.last_view = view
             self._detect_and_decide(view)
@@ -591,6 +599,19 @@ class Reconciler:
                 ts=now,
             )
         log.info("incident %d closed: %s", incident.id, outcome)
+
+    # --- what the head-node hook spooled while we were away ------------------------------
+
+    def _import_hook_spool(self) -> None:
+        """EpilogSlurmctld writes job events here when the controller did not answer."""
+        if self.hook_spool is None or not self.hook_spool.events_dir.is_dir():
+            return
+        events, commit = self.hook_spool.take(None)
+        if events:
+            evidence = [parse_event(e, f"spool {i}", source="hook") for i, e in enumerate(events)]
+            self.store.add_evidence(evidence)
+            log.info("imported %d spooled hook event(s)", len(evidence))
+        commit()
 
     # --- the watchdog's records ------------------------------------------------------------
 

@@ -125,6 +125,7 @@ class Controller:
             cluster=self.cluster,
             hold_deadline=self.config.controller.hold_deadline,
             spool_dir=self.config.watchdog.spool_dir,
+            hook_spool_dir=self.config.controller.spool_dir,
             metrics=self.metrics,
         )
 

@@ -23,6 +23,16 @@ from slurm_recovery.decide.model import FaultClass
 #: What the GPU or node needs, as NVIDIA recommends it (``XidInfo.action``).
 XID_ACTIONS = ("none", "restart", "reset_gpu", "reboot", "drain")
 
+#: ``XidInfo.fault_domain`` for each fault class (``system`` is the driver or GPU firmware).
+XID_FAULT_DOMAINS = MappingProxyType(
+    {
+        FaultClass.HARDWARE: "hardware",
+        FaultClass.SYSTEM: "driver",
+        FaultClass.APPLICATION: "application",
+        FaultClass.UNKNOWN: "unknown",
+    }
+)
+
 _ENTRY_KEYS = ("code", "meaning", "class", "action", "fatal", "not_fatal_when_message_contains")
 _REQUIRED_KEYS = ("code", "meaning", "class", "action", "fatal")
 
@@ -47,6 +57,24 @@ class XidInfo:
     def label(self) -> str:
         """``"xid 79 (GPU has fallen off the bus)"``: how reasons name it."""
         return f"xid {self.code} ({self.meaning})"
+
+    @property
+    def fault_domain(self) -> str:
+        """Where the fault lies, in the issue's words: ``hardware``, ``driver`` (class
+        ``system``: driver or GPU firmware), ``application``, or ``unknown``."""
+        return XID_FAULT_DOMAINS[self.fault_class]
+
+    @property
+    def severity(self) -> str:
+        """How bad it is for the node, as sidecar findings say it (``sidecar.base``):
+        ``fatal`` when work on the GPU is doomed; ``info`` for an application XID (the job's
+        fault, the GPU is fine); ``warning`` otherwise (evidence, not a verdict). Derived
+        from ``fatal`` and ``class``, so the two can never disagree."""
+        if self.fatal:
+            return "fatal"
+        if self.fault_class is FaultClass.APPLICATION:
+            return "info"
+        return "warning"
 
 
 def unknown_xid(code: int) -> XidInfo:

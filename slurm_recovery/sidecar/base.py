@@ -30,7 +30,8 @@ KINDS = (
 
 #: Severity of a finding: ``fatal`` means the node cannot run GPU work correctly now (the
 #: controller treats it like a fatal XID); ``warning`` is evidence, not a verdict; ``info``
-#: is context (inventory, healed flaps).
+#: is context (inventory, healed flaps). A finding with ``cleared: true`` and severity ``info``
+#: ends the condition of the same ``check`` and GPU (the health file drops it).
 SEVERITIES = ("fatal", "warning", "info")
 
 #: GPU checks and their usual severity (a backend may raise or lower it with a reason).
@@ -49,6 +50,7 @@ GPU_CHECKS: Mapping[str, str] = {
     "nvlink_down": "fatal",  # a link that should be up is down
     "nvlink_errors_rising": "warning",
     "nvml_error": "warning",  # NVML itself failed or timed out: reported, never fatal
+    "gpu_reset": "info",  # the GPU was reset (or a simulated fault cleared): ends its conditions
 }
 
 
@@ -88,3 +90,12 @@ class Source(Protocol):
     def poll(self, now: float) -> list[Finding]: ...
 
     def close(self) -> None: ...
+
+
+#: Optional methods a source may also have, used by the daemon when present:
+#: ``commit()`` — called only once the outbox holds what ``poll`` returned (persist "delivered
+#: up to" here, so a crash or a full disk between the two never loses a finding);
+#: ``status() -> str`` — "ok" or what is wrong, for the ``sidecar_status`` event;
+#: ``set_gpus(inventory)`` — the GPU inventory, for sources that map PCI ids to GPU indexes;
+#: ``role`` — the sender role for its events ("sidecar", or "hook" for the hook spool).
+OPTIONAL_SOURCE_METHODS = ("commit", "status", "set_gpus", "role")

@@ -1,0 +1,884 @@
+"""Slurm's job hooks: node Prolog/Epilog and the head node's EpilogSlurmctld (docs/hooks.md).
+
+Each run turns Slurm's environment into ONE evidence event (the controller's wire format,
+:mod:`slurm_recovery.controller.wire`) and hands it on:
+
+- ``prolog`` (slurmd, root, each node, job start): ``job_start`` written into the node's
+  sidecar spool, ``<sidecar.spool_dir>/events/``, which the sidecar sends on. With
+  ``hooks.health_gate`` on, it may refuse the node (exit 1; see :func:`gate_decision`).
+- ``epilog`` (slurmd, root, each node, job end): ``job_end`` into the same spool.
+- ``epilog_slurmctld`` (slurmctld, SlurmUser, head node, job end): ``job_end`` posted to the
+  controller, or, on any failure, written into ``<controller.spool_dir>/events/``, which the
+  controller imports.
+
+A spooled event is one JSON object (one wire event) in ``<time_ns>-<pid>-<job>.json``, written
+as ``<name>.tmp``, fsynced and renamed, so a reader taking ``*.json`` never sees half a file.
+
+The hooks never fail a job because of slurm-recovery: every error is logged as one line (stderr,
+which slurmd and slurmctld log when a hook fails, and syslog) and the hook exits 0. The one
+non-zero exit is the health gate's deliberate refusal.
+
+Cost: Slurm waits for each hook, so it imports only standard modules on its way and reads its
+few settings straight from the TOML file (:func:`load_hook_config`) instead of importing
+:mod:`slurm_recovery.config`, whose import alone took 23 ms of a 55 ms prolog here. The reader
+uses the same file, defaults and rules for the keys it reads (tests/unit/test_hooks.py holds it
+to :mod:`slurm_recovery.config`); the rest of the file is the daemons' business. Slurm's usual
+host lists (``gpu[001-008]``) are expanded here, anything else through ClusterShell
+(:mod:`slurm_recovery.hostlist`); the policy and the HTTP client are imported only where they
+are used. bench/hook_overhead.py measures the result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pathlib is imported only where a Path is returned (it costs ~3 ms)
+    from pathlib import Path
+
+#: The three hooks, as named in :func:`write_hook_wrappers`' result and on the command line.
+HOOKS = ("prolog", "epilog", "epilog_slurmctld")
+#: The executable of each hook (under ``hooks/<dir>/`` in the source tree).
+SCRIPT_NAMES: Mapping[str, str] = {
+    "prolog": "srecovery-prolog",
+    "epilog": "srecovery-epilog",
+    "epilog_slurmctld": "srecovery-epilog-slurmctld",
+}
+#: Where each hook's executable lives under ``hooks/`` in the source tree.
+SCRIPT_DIRS: Mapping[str, str] = {
+    "prolog": "prolog",
+    "epilog": "epilog",
+    "epilog_slurmctld": "epilog_slurmctld",
+}
+#: The event kind each hook sends and the ``context`` it puts in the payload.
+KIND = {"prolog": "job_start", "epilog": "job_end", "epilog_slurmctld": "job_end"}
+CONTEXT = {"prolog": "prolog", "epilog": "epilog", "epilog_slurmctld": "epilog_slurmctld"}
+
+#: Sub-directory of a spool directory that holds event files.
+EVENTS_DIR = "events"
+#: The sidecar's health file in its spool directory (read by the prolog's health gate).
+HEALTH_FILE = "health.json"
+#: The health file counts as fresh for this many ``sidecar.poll_interval``.
+HEALTH_FRESH_POLLS = 3
+#: A larger health file is not read (the gate then fails open).
+MAX_HEALTH_BYTES = 1024 * 1024
+
+EXIT_OK = 0
+#: The health gate's refusal: slurmd drains the node ("Prolog error") and requeues the job.
+EXIT_REFUSE = 1
+
+
+class HookError(Exception):
+    """Something a hook needs is missing or unusable; logged, and the hook exits 0."""
+
+
+class HookConfigError(HookError):
+    """The config file cannot be used (the message names the file and the key)."""
+
+
+# --------------------------------------------------------------------------------- logging
+
+
+def log(hook: str, message: str) -> None:
+    """One line to stderr (slurmd and slurmctld log it when the hook fails) and to syslog."""
+    name = SCRIPT_NAMES.get(hook, "srecovery-hook")
+    line = " ".join(message.split())
+    with suppress(Exception):  # stderr closed: syslog still has it
+        print(f"{name}: {line}", file=sys.stderr, flush=True)
+    try:
+        import syslog
+
+        syslog.openlog(name, syslog.LOG_PID, syslog.LOG_DAEMON)
+        syslog.syslog(syslog.LOG_WARNING, line)
+        syslog.closelog()
+    except Exception:
+        pass
+
+
+# --------------------------------------------------------------------------------- the config
+
+#: The same file and variable as :mod:`slurm_recovery.config` (a unit test holds them equal).
+DEFAULT_CONFIG_PATH = "/etc/slurm-recovery/config.toml"
+CONFIG_ENV_VAR = "SRECOVERY_CONFIG"
+URL_ENV_VAR = "SRECOVERY_URL"
+NODE_PLACEHOLDER = "{node}"
+#: The keys the hooks read, with slurm_recovery.config's defaults (a unit test holds them equal).
+HOOK_DEFAULTS: Mapping[str, object] = {
+    "sidecar.node": "",
+    "sidecar.spool_dir": "/var/spool/slurm-recovery",
+    "sidecar.poll_interval": 10.0,
+    "hooks.health_gate": False,
+    "hooks.controller_timeout": 0.5,
+    "controller.spool_dir": "/var/spool/slurm-recovery/controller",
+    "controller.policy": "/etc/slurm-recovery/policy.toml",
+    "client.url": "http://localhost:7765",
+    "auth.munge_socket": "",
+}
+
+_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PLAIN_SECONDS = re.compile(rf"\s*({_NUMBER})\s*")
+_DURATION = re.compile(rf"(?:\s*{_NUMBER}\s*(?:ms|s|m|h|d))+\s*")
+_DURATION_PART = re.compile(rf"({_NUMBER})\s*(ms|s|m|h|d)")
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds in a config duration (``10``, ``"500ms"``, ``"1m30s"``), as
+    :func:`slurm_recovery.config.parse_duration` reads it; ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError('must be a duration (seconds, or a string like "500ms" or "1m30s")')
+    if isinstance(value, str):
+        plain = _PLAIN_SECONDS.fullmatch(value)
+        if plain:
+            seconds = float(plain.group(1))
+        elif _DURATION.fullmatch(value):
+            seconds = sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(value))
+        else:
+            raise ValueError('not a duration (seconds, or a string like "500ms" or "1m30s")')
+    else:
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = float("inf")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError("a duration must be a finite number of seconds, not negative")
+    return seconds
+
+
+def _absolute(value: object, empty_ok: bool = False) -> str:
+    if not isinstance(value, str) or "\0" in value:
+        raise ValueError("must be a string holding an absolute path")
+    if value == "" and empty_ok:
+        return value
+    if not value.startswith("/"):
+        raise ValueError("must be an absolute path (starting with /)")
+    return value
+
+
+def _check(dotted: str, value: object) -> object:
+    if dotted in ("sidecar.poll_interval", "hooks.controller_timeout"):
+        seconds = parse_duration(value)
+        if seconds <= 0:
+            raise ValueError("must be more than 0 seconds")
+        return seconds
+    if dotted == "hooks.health_gate":
+        if not isinstance(value, bool):
+            raise ValueError("must be true or false, lower case and without quotes")
+        return value
+    if dotted == "sidecar.node":
+        if not isinstance(value, str) or (value and not _NODE_NAME.fullmatch(value)):
+            raise ValueError('must be a Slurm node name, or "" for the short hostname')
+        return value
+    if dotted == "client.url":
+        if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+            raise ValueError("must be a URL starting with http:// or https://")
+        return value.rstrip("/")
+    path = _absolute(value, empty_ok=dotted == "auth.munge_socket")
+    rest = path.replace(NODE_PLACEHOLDER, "")
+    if dotted == "sidecar.spool_dir" and ("{" in rest or "}" in rest):
+        raise ValueError(f"the only placeholder it may hold is {NODE_PLACEHOLDER}")
+    return path
+
+
+class HookConfig:
+    """The settings the hooks use, by their dotted names in config.toml (``source``: the file,
+    or None for all defaults)."""
+
+    __slots__ = ("source", "values")
+
+    def __init__(self, values: Mapping[str, object] | None = None, source: str | None = None):
+        self.values = {**HOOK_DEFAULTS, **(values or {})}
+        self.source = source
+
+    def __getitem__(self, dotted: str) -> Any:
+        return self.values[dotted]
+
+    def __repr__(self) -> str:
+        return f"HookConfig({self.values!r}, source={self.source!r})"
+
+    def node_name(self, env: Mapping[str, str]) -> str:
+        """The node a node hook runs for: ``SLURMD_NODENAME`` (several slurmd may share a
+        host), else ``sidecar.node``, else the short hostname."""
+        return (
+            env.get("SLURMD_NODENAME")
+            or self["sidecar.node"]
+            or os.uname().nodename.split(".", 1)[0]
+        )
+
+    def sidecar_spool(self, node: str) -> str:
+        """``sidecar.spool_dir`` with ``{node}`` replaced: the node's spool directory."""
+        return self["sidecar.spool_dir"].replace(NODE_PLACEHOLDER, node)
+
+
+def _refuse_if_others_can_write(path: str, st: os.stat_result) -> None:
+    # As slurm_recovery.config: whoever can edit the file decides where root writes.
+    if st.st_mode & 0o002:
+        raise HookConfigError(f"{path}: world-writable: refusing it; fix: chmod o-w {path}")
+    folder = os.path.dirname(os.path.realpath(path))
+    try:
+        dst = os.stat(folder)
+    except OSError:
+        return
+    if dst.st_mode & 0o002 and not dst.st_mode & 0o1000:
+        raise HookConfigError(f"{path}: its directory {folder} is world-writable: refusing it")
+
+
+def load_hook_config(env: Mapping[str, str] | None = None) -> HookConfig:
+    """The hooks' settings from ``$SRECOVERY_CONFIG``, else /etc/slurm-recovery/config.toml
+    (absent: the defaults), then ``$SRECOVERY_URL``. Raises HookConfigError naming the file and key
+    for a file that is missing (when named), unreadable, not TOML, or has a bad value in a key
+    the hooks read; other keys are left to the daemons that use them."""
+    env = os.environ if env is None else env
+    named = env.get(CONFIG_ENV_VAR)
+    path = named or DEFAULT_CONFIG_PATH
+    try:
+        with open(path, "rb") as fh:
+            _refuse_if_others_can_write(path, os.fstat(fh.fileno()))
+            raw = fh.read()
+    except FileNotFoundError:
+        if named:
+            raise HookConfigError(f"{path}: no such file (named by ${CONFIG_ENV_VAR})") from None
+        raw = None
+    except OSError as exc:
+        raise HookConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    values: dict[str, object] = {}
+    if raw is not None:
+        import tomllib
+
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise HookConfigError(f"{path}: not a valid TOML file: {exc}") from None
+        for dotted in HOOK_DEFAULTS:
+            section, key = dotted.split(".")
+            table = data.get(section, {})
+            if not isinstance(table, dict) or key not in table:
+                continue
+            try:
+                values[dotted] = _check(dotted, table[key])
+            except ValueError as exc:
+                raise HookConfigError(f"{path}: {dotted} = {table[key]!r}: {exc}") from None
+    url = env.get(URL_ENV_VAR)
+    if url:
+        try:
+            values["client.url"] = _check("client.url", url)
+        except ValueError as exc:
+            raise HookConfigError(f"${URL_ENV_VAR} = {url!r}: {exc}") from None
+    return HookConfig(values, source=path if raw is not None else None)
+
+
+# --------------------------------------------------------------------------------- reading Slurm
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    value = value.strip()
+    if not re.fullmatch(r"[0-9]{1,19}", value):
+        return None
+    return int(value)
+
+
+def job_id(env: Mapping[str, str]) -> int:
+    """``SLURM_JOB_ID`` (``SLURM_JOBID`` on old Slurm); HookError when absent or not a job id."""
+    raw = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    value = _int(raw)
+    if value is None or not 0 < value < 2**63:
+        raise HookError(f"SLURM_JOB_ID is {raw!r}, not a job id: not run by Slurm?")
+    return value
+
+
+_PLAIN_HOST = re.compile(r"[A-Za-z0-9._-]+")
+_ONE_RANGE_SET = re.compile(
+    r"([A-Za-z._-][A-Za-z0-9._-]*?)\[([0-9,-]+)\]([A-Za-z._-][A-Za-z0-9._-]*)?"
+)
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+#: Longest host list the fast path expands (beyond: ClusterShell).
+_FAST_MAX_NODES = 100_000
+
+
+def _expand_fast(expr: str) -> list[str] | None:
+    """Slurm's usual forms, ``n7`` and ``gpu[001-004,9]`` (one prefix, ascending ranges of one
+    zero-padding), expanded in ClusterShell's order; None for anything else."""
+    if _PLAIN_HOST.fullmatch(expr):
+        return [expr]
+    found = _ONE_RANGE_SET.fullmatch(expr)
+    if not found:
+        return None
+    prefix, ranges, suffix = found.group(1), found.group(2), found.group(3) or ""
+    width = None
+    indexes: set[int] = set()
+    for part in ranges.split(","):
+        bounds = _RANGE.fullmatch(part)
+        if not bounds:
+            return None
+        low_text, high_text = bounds.group(1), bounds.group(2) or bounds.group(1)
+        padded = len(low_text) > 1 and low_text.startswith("0")
+        if padded and len(high_text) != len(low_text):
+            return None
+        part_width = len(low_text) if padded else 0
+        if (width is not None and part_width != width) or (
+            not padded and len(high_text) > 1 and high_text.startswith("0")
+        ):
+            return None
+        width = part_width
+        low, high = int(low_text), int(high_text)
+        if high < low or len(indexes) + high - low >= _FAST_MAX_NODES:
+            return None
+        indexes.update(range(low, high + 1))
+    if width and any(len(str(i)) > width for i in indexes):
+        return None
+    return [f"{prefix}{i:0{width or 1}d}{suffix}" for i in sorted(indexes)]
+
+
+def expand_nodes(expr: str | None) -> list[str]:
+    """A Slurm host list (``n[1-3]``) -> node names; [] when absent or unparsable. The usual
+    forms are expanded here, the rest by ClusterShell (:mod:`slurm_recovery.hostlist`)."""
+    if not expr or expr in ("(null)", "None"):
+        return []
+    fast = _expand_fast(expr)
+    if fast is not None:
+        return fast
+    from slurm_recovery.hostlist import HostlistError, expand
+
+    try:
+        return expand(expr)
+    except HostlistError:
+        return []
+
+
+def decode_wait_status(raw: str | None) -> tuple[int, int] | None:
+    """A raw wait(2) status as Slurm passes it (``"768"``) -> ``(exit code, signal)``, Slurm's
+    ``ExitCode=E:S`` convention: ``(3, 0)`` for ``exit 3``, ``(0, 9)`` for SIGKILL."""
+    status = _int(raw)
+    if status is None or status > 0xFFFFFFFF:
+        return None
+    signo = status & 0x7F
+    if signo == 0:  # exited
+        return (status >> 8) & 0xFF, 0
+    if signo == 0x7F:  # stopped: not an end, but report the stop signal
+        return 0, (status >> 8) & 0xFF
+    return 0, signo
+
+
+def parse_exit_code2(raw: str | None) -> tuple[int, int] | None:
+    """``SLURM_JOB_EXIT_CODE2`` (``"3:0"``) -> ``(3, 0)``."""
+    if not raw:
+        return None
+    found = re.fullmatch(r"\s*([0-9]{1,3}):([0-9]{1,3})\s*", raw)
+    if not found:
+        return None
+    return int(found.group(1)), int(found.group(2))
+
+
+def exit_fields(env: Mapping[str, str]) -> dict[str, Any]:
+    """The job's exit codes: ``exit_code`` and ``signal`` (None when Slurm gave neither
+    SLURM_JOB_EXIT_CODE nor SLURM_JOB_EXIT_CODE2), ``exit_status`` (the raw wait status) and
+    ``exit_code2`` as given, ``derived_exit_code``/``derived_signal`` from
+    SLURM_JOB_DERIVED_EC (the worst of the job's steps) when present."""
+    fields: dict[str, Any] = {}
+    raw = env.get("SLURM_JOB_EXIT_CODE")
+    decoded = decode_wait_status(raw)
+    if decoded is not None:
+        fields["exit_status"] = _int(raw)
+    code2 = env.get("SLURM_JOB_EXIT_CODE2")
+    if parse_exit_code2(code2) is not None:
+        fields["exit_code2"] = code2.strip() if code2 else code2
+    if decoded is None:
+        decoded = parse_exit_code2(code2)
+    fields["exit_code"], fields["signal"] = decoded if decoded is not None else (None, None)
+    derived = decode_wait_status(env.get("SLURM_JOB_DERIVED_EC"))
+    if derived is not None:
+        fields["derived_exit_code"], fields["derived_signal"] = derived
+    return fields
+
+
+def parse_gpus(raw: str | None) -> list[int | str] | None:
+    """``"0,1"`` -> ``[0, 1]``; UUIDs and MIG names stay strings; None when there are none."""
+    if not raw or raw.strip() in ("", "NoDevFiles", "(null)"):
+        return None
+    items = [part.strip() for part in raw.split(",") if part.strip()]
+    return [int(item) if item.isdigit() else item for item in items] or None
+
+
+_OUTPUT_SPEC = re.compile(r"%(\d*)([%AaJjNnstuxb])")
+
+
+def output_path(
+    pattern: str | None, env: Mapping[str, str], nodes: list[str] | None = None
+) -> str | None:
+    """``SLURM_JOB_STDOUT``/``STDERR`` (the pattern as the user gave it) -> the batch step's
+    file, by sbatch(1)'s rules as :func:`slurm_recovery.scheduler.paths.expand_output_path`
+    applies them (a unit test holds the two equal): ``%j``, ``%J``, ``%u``, ``%x``, ``%A``,
+    ``%a``, ``%b``, ``%N`` (the batch host: the first of ``nodes``), ``%n``/``%t`` (0), ``%s``
+    (batch), ``%%``, zero-padded ``%5j``; a backslash turns expansion off; a relative path is
+    joined to ``SLURM_JOB_WORK_DIR``. A specifier whose value the environment does not give
+    (the job name in a node hook, the array ids of a job that is not an array) stays as it is.
+    That module is not imported: it would cost the hook 11 ms."""
+    if not pattern or pattern == "(null)":
+        return None
+    if "\\" in pattern:
+        path = pattern.replace("\\", "")
+    else:
+        job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+        task = _int(env.get("SLURM_ARRAY_TASK_ID"))
+        if task is not None and task >= 4294967294:  # NO_VAL: not an array task
+            task = None
+        values = {
+            "j": job,
+            "J": job,
+            "u": env.get("SLURM_JOB_USER"),
+            "x": env.get("SLURM_JOB_NAME"),
+            "A": env.get("SLURM_ARRAY_JOB_ID"),
+            "a": None if task is None else str(task),
+            "b": None if task is None else str(task % 10),
+            "N": nodes[0] if nodes else None,
+            "n": "0",
+            "t": "0",
+            "s": "batch",
+        }
+
+        def fill(found: re.Match[str]) -> str:
+            width, spec = found.group(1), found.group(2)
+            if spec == "%":
+                return "%"
+            value = values[spec]
+            if value is None:
+                return found.group(0)
+            if width and value.isdigit():
+                return value.zfill(min(int(width), 10))
+            return value
+
+        path = _OUTPUT_SPEC.sub(fill, pattern)
+    work_dir = env.get("SLURM_JOB_WORK_DIR")
+    if not path.startswith("/"):
+        if not work_dir or not work_dir.startswith("/"):
+            return path  # relative to a directory Slurm did not name
+        path = os.path.join(work_dir, path)
+    return path
+
+
+def _restart_count(env: Mapping[str, str]) -> int:
+    return _int(env.get("SLURM_JOB_RESTART_COUNT")) or 0
+
+
+def _node_list(env: Mapping[str, str]) -> str | None:
+    # 22.05 node prolog/epilog: SLURM_NODELIST; EpilogSlurmctld and newer Slurm: SLURM_JOB_NODELIST.
+    return env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+
+
+def build_event(
+    hook: str, env: Mapping[str, str], now: float, node: str | None = None
+) -> dict[str, Any]:
+    """The event ``hook`` sends for Slurm's environment ``env`` (docs/hooks.md, "Events").
+
+    ``node`` is the node a node hook runs on (None for ``epilog_slurmctld``: the event is
+    about the job, not about a node). Raises HookError without a job id.
+    """
+    if hook not in KIND:
+        raise HookError(f"unknown hook {hook!r}; one of {', '.join(HOOKS)}")
+    job = job_id(env)
+    nodelist = _node_list(env)
+    payload: dict[str, Any] = {
+        "nodes": expand_nodes(nodelist),
+        "restart_count": _restart_count(env),
+        "context": CONTEXT[hook],
+    }
+    if nodelist and not payload["nodes"]:
+        payload["nodelist"] = nodelist  # Slurm's text, when it could not be expanded
+    if hook != "prolog":
+        payload.update(exit_fields(env))
+    for key, var in (("stdout", "SLURM_JOB_STDOUT"), ("stderr", "SLURM_JOB_STDERR")):
+        path = output_path(env.get(var), env, payload["nodes"])
+        if path:
+            payload[key] = path
+    gpus = parse_gpus(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES"))
+    if gpus is not None and hook != "epilog_slurmctld":
+        payload["gpus"] = gpus
+    partition = env.get("SLURM_JOB_PARTITION")
+    if partition:
+        payload["partition"] = partition
+    for key, var in (
+        ("array_job_id", "SLURM_ARRAY_JOB_ID"),
+        ("array_task_id", "SLURM_ARRAY_TASK_ID"),
+    ):
+        value = _int(env.get(var))
+        if value is not None:
+            payload[key] = value
+    event: dict[str, Any] = {"kind": KIND[hook], "observed_at": now, "job_id": job}
+    if node is not None and hook != "epilog_slurmctld":
+        event["node"] = node
+    event["payload"] = payload
+    return event
+
+
+# --------------------------------------------------------------------------------- the spool
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def spool_event(spool_dir: str | os.PathLike[str], event: Mapping[str, Any]) -> str:
+    """Write ``event`` into ``<spool_dir>/events/<time_ns>-<pid>-<job>.json`` atomically
+    (``.tmp``, fsync, rename, fsync of the directory); returns the file. Raises OSError.
+    ``time_ns`` has 20 digits, so names sort in the order the events were written."""
+    folder = os.path.join(os.fspath(spool_dir), EVENTS_DIR)
+    os.makedirs(folder, mode=0o750, exist_ok=True)
+    name = f"{time.time_ns():020d}-{os.getpid()}-{event.get('job_id') or 'nojob'}.json"
+    final = os.path.join(folder, name)
+    tmp = final + ".tmp"
+    data = (json.dumps(event, separators=(",", ":"), sort_keys=True) + "\n").encode()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o640)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, final)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+    return final
+
+
+def read_spooled(spool_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every complete event in ``<spool_dir>/events/``, oldest first (for tests and tools;
+    the sidecar and the controller have their own readers)."""
+    folder = os.path.join(os.fspath(spool_dir), EVENTS_DIR)
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    events = []
+    for name in names:
+        with open(os.path.join(folder, name), "rb") as fh:
+            events.append(json.load(fh))
+    return events
+
+
+# --------------------------------------------------------------------------------- health gate
+
+
+def read_health(path: str) -> dict[str, Any]:
+    """The sidecar's health file; raises HookError when it cannot be read or is malformed."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_HEALTH_BYTES + 1)
+    except FileNotFoundError:
+        raise HookError(f"no health file {path}") from None
+    except OSError as exc:
+        raise HookError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_HEALTH_BYTES:
+        raise HookError(f"{path}: larger than {MAX_HEALTH_BYTES} bytes")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise HookError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise HookError(f"{path}: not a JSON object")
+    updated = data.get("updated_at")
+    if isinstance(updated, bool) or not isinstance(updated, int | float):
+        raise HookError(f"{path}: updated_at missing or not a number")
+    fatal = data.get("fatal", [])
+    if not isinstance(fatal, list) or not all(isinstance(f, dict) for f in fatal):
+        raise HookError(f"{path}: fatal is not a list of findings")
+    return data
+
+
+def _describe(finding: Mapping[str, Any]) -> str:
+    text = str(finding.get("check") or "fatal finding")
+    if finding.get("gpu") is not None:
+        text += f" on GPU {finding['gpu']}"
+    if finding.get("detail"):
+        text += f" ({finding['detail']})"
+    return text
+
+
+def gate_decision(
+    config: HookConfig, node: str, partition: str, now: float
+) -> tuple[bool, str, list[dict[str, Any]]]:
+    """Should the prolog refuse ``node``? ``(refuse, why, fatal findings)``.
+
+    Refuses only when every one of these holds: ``hooks.health_gate`` is on; the sidecar's
+    ``health.json`` is readable, names this node (or no node), was updated within
+    ``HEALTH_FRESH_POLLS * sidecar.poll_interval`` of ``now`` and lists at least one fatal
+    finding; and ``controller.policy`` is readable and puts ``partition`` in act mode.
+    Anything missing, stale, corrupt or unreadable fails open (no refusal; ``why`` says why).
+    """
+    if not config["hooks.health_gate"]:
+        return False, "health gate off", []
+    path = os.path.join(config.sidecar_spool(node), HEALTH_FILE)
+    try:
+        health = read_health(path)
+    except HookError as exc:
+        return False, f"{exc}: failing open", []
+    owner = health.get("node")
+    if owner not in (None, "", node):
+        return False, f"{path} is about node {owner!r}, not {node!r}: failing open", []
+    age = now - float(health["updated_at"])
+    fresh_for = HEALTH_FRESH_POLLS * config["sidecar.poll_interval"]
+    if abs(age) > fresh_for:
+        return (
+            False,
+            f"{path} is stale ({age:.0f}s old, fresh for {fresh_for:g}s): failing open",
+            [],
+        )
+    fatal = [dict(f) for f in health.get("fatal", [])]
+    if not fatal:
+        return False, "no open fatal finding", []
+    try:
+        from slurm_recovery.decide.policy import load_policy
+
+        mode = str(load_policy(config["controller.policy"]).mode_for(partition))
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return False, f"cannot read the policy ({first}): failing open", fatal
+    findings = "; ".join(_describe(f) for f in fatal[:4])
+    if len(fatal) > 4:
+        findings += f"; and {len(fatal) - 4} more"
+    if mode != "act":
+        return (
+            False,
+            f"partition {partition or '(default)'} is in {mode} mode; in act mode the gate "
+            f"would refuse node {node}: open fatal GPU findings: {findings}",
+            fatal,
+        )
+    return True, f"node {node} has open fatal GPU findings: {findings}", fatal
+
+
+# --------------------------------------------------------------------------------- the controller
+
+
+class _deadline:
+    """Raise TimeoutError in the block after ``seconds`` (SIGALRM; in the main thread only,
+    elsewhere the block has only its own socket timeouts). A timer already running (pytest's,
+    say) gets back what is left of it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.armed = False
+
+    def _expire(self, signum: int, frame: Any) -> None:
+        raise TimeoutError(f"no answer within {self.seconds:g}s")
+
+    def __enter__(self) -> None:
+        try:
+            self.previous = signal.signal(signal.SIGALRM, self._expire)
+        except ValueError:  # not the main thread
+            return
+        self.armed = True
+        self.started = time.monotonic()
+        self.outer = signal.setitimer(signal.ITIMER_REAL, self.seconds)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self.armed:
+            return
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self.previous)
+        delay, interval = self.outer
+        if delay:
+            left = delay - (time.monotonic() - self.started)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), interval)
+
+
+def post_event(config: HookConfig, event: Mapping[str, Any]) -> None:
+    """POST ``event`` to the controller as an operator within ``hooks.controller_timeout``
+    (MUNGE signing included); raises on any failure."""
+    from slurm_recovery.client import ControllerClient
+
+    timeout = config["hooks.controller_timeout"]
+    client = ControllerClient(
+        config["client.url"], munge_socket=config["auth.munge_socket"] or None, timeout=timeout
+    )
+    with _deadline(timeout):
+        client.post_evidence([dict(event)], role="operator")
+
+
+# --------------------------------------------------------------------------------- running a hook
+
+
+def run_hook(
+    hook: str,
+    env: Mapping[str, str] | None = None,
+    *,
+    now: float | None = None,
+    config: HookConfig | None = None,
+) -> int:
+    """Run ``hook`` for Slurm's environment ``env`` (default ``os.environ``); the exit status.
+
+    0 whatever goes wrong (each problem logged as one line); 1 only when the prolog's health
+    gate refuses the node. ``config`` defaults to :func:`load_hook_config` (the file named by
+    ``$SRECOVERY_CONFIG``, else /etc/slurm-recovery/config.toml).
+    """
+    env = os.environ if env is None else env
+    now = time.time() if now is None else now
+    try:
+        if hook not in KIND:
+            raise HookError(f"unknown hook {hook!r}; one of {', '.join(HOOKS)}")
+        if config is None:
+            config = load_hook_config(env)
+        if hook == "epilog_slurmctld":
+            return _run_ctld(config, env, now)
+        return _run_node(hook, config, env, now)
+    except HookConfigError as exc:
+        log(hook, f"configuration unusable, event dropped: {exc}")
+    except HookError as exc:
+        log(hook, f"event dropped: {exc}")
+    except Exception as exc:  # the job must never pay for our bug
+        log(hook, f"event dropped: unexpected {type(exc).__name__}: {exc}")
+    return EXIT_OK
+
+
+def _run_node(hook: str, config: HookConfig, env: Mapping[str, str], now: float) -> int:
+    node = config.node_name(env)
+    event = build_event(hook, env, now, node=node)
+    refuse = False
+    if hook == "prolog" and config["hooks.health_gate"]:
+        try:
+            refuse, why, fatal = gate_decision(
+                config, node, env.get("SLURM_JOB_PARTITION", ""), now
+            )
+        except Exception as exc:  # fail open
+            refuse, why, fatal = False, f"health gate failed ({exc}): failing open", []
+        if refuse:
+            event["payload"]["health_gate"] = {"refused": True, "reason": why, "fatal": fatal}
+        elif fatal or "failing open" in why:
+            log(hook, f"job {event['job_id']} allowed on {node}: {why}")
+    spool = config.sidecar_spool(node)
+    try:
+        spool_event(spool, event)
+    except OSError as exc:
+        log(
+            hook, f"job {event['job_id']}: cannot spool the {event['kind']} event in {spool}: {exc}"
+        )
+    if refuse:
+        log(hook, f"refusing job {event['job_id']}: {event['payload']['health_gate']['reason']}")
+        return EXIT_REFUSE
+    return EXIT_OK
+
+
+def _run_ctld(config: HookConfig, env: Mapping[str, str], now: float) -> int:
+    event = build_event("epilog_slurmctld", env, now)
+    try:
+        post_event(config, event)
+        return EXIT_OK
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    spool = config["controller.spool_dir"]
+    try:
+        spool_event(spool, event)
+    except OSError as exc:
+        log(
+            "epilog_slurmctld",
+            f"job {event['job_id']}: controller failed ({reason}) and cannot spool in {spool}: "
+            f"{exc}; event lost",
+        )
+        return EXIT_OK
+    log("epilog_slurmctld", f"job {event['job_id']}: controller failed ({reason}); spooled")
+    return EXIT_OK
+
+
+def main(hook: str) -> int:
+    """Entry point of the hook executables; never raises."""
+    try:
+        return run_hook(hook)
+    except BaseException as exc:  # even KeyboardInterrupt/SystemExit: Slurm gets 0
+        with suppress(BaseException):
+            log(hook, f"event dropped: {type(exc).__name__}: {exc}")
+        return EXIT_OK
+
+
+# --------------------------------------------------------------------------------- wrappers
+
+
+def source_hooks_dir() -> Path | None:
+    """``hooks/`` of the source tree this package was imported from, if there is one."""
+    from pathlib import Path
+
+    candidate = Path(__file__).resolve().parent.parent / "hooks"
+    if (candidate / SCRIPT_DIRS["prolog"] / SCRIPT_NAMES["prolog"]).is_file():
+        return candidate
+    return None
+
+
+def write_hook_wrappers(
+    dest_dir: str | os.PathLike[str],
+    config_path: str | os.PathLike[str],
+    python: str | os.PathLike[str] = sys.executable,
+) -> dict[str, Path]:
+    """Write three small ``/bin/sh`` executables into ``dest_dir`` that set
+    ``SRECOVERY_CONFIG=config_path`` and exec the hook with ``python`` (so a virtual
+    environment's package imports). Returns ``{"prolog": path, "epilog": path,
+    "epilog_slurmctld": path}``, the values for slurm.conf's Prolog=, Epilog= and
+    EpilogSlurmctld= (:func:`slurm_conf_lines`). Each wrapper runs the source tree's
+    ``hooks/*/srecovery-*`` script when this package comes from a source tree, else
+    ``python -m slurm_recovery.hooks HOOK``."""
+    import shlex
+    from pathlib import Path
+
+    dest = Path(dest_dir).absolute()
+    dest.mkdir(mode=0o755, parents=True, exist_ok=True)
+    config_file = Path(config_path).absolute()
+    source = source_hooks_dir()
+    written: dict[str, Path] = {}
+    for hook in HOOKS:
+        if source is not None:
+            target = [str(source / SCRIPT_DIRS[hook] / SCRIPT_NAMES[hook])]
+        else:
+            target = ["-m", "slurm_recovery.hooks", hook]
+        command = " ".join(shlex.quote(part) for part in (str(python), *target))
+        text = (
+            "#!/bin/sh\n"
+            "# Written by slurm_recovery.hooks.write_hook_wrappers: the slurm-recovery "
+            f"{hook} hook with its config file.\n"
+            f"SRECOVERY_CONFIG={shlex.quote(str(config_file))}\n"
+            "export SRECOVERY_CONFIG\n"
+            f'exec {command} "$@"\n'
+        )
+        path = dest / SCRIPT_NAMES[hook]
+        tmp = dest / (SCRIPT_NAMES[hook] + ".tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, path)
+        written[hook] = path
+    return written
+
+
+def slurm_conf_lines(wrappers: Mapping[str, str | os.PathLike[str]]) -> list[str]:
+    """The slurm.conf lines that install the hooks at ``wrappers`` (docs/hooks.md): Prolog,
+    Epilog, EpilogSlurmctld, ``PrologFlags=Alloc`` (run the prolog on every node at
+    allocation) and ``SchedulerParameters=nohold_on_prolog_fail`` (a job the health gate
+    refused is requeued, not held)."""
+    return [
+        f"Prolog={wrappers['prolog']}",
+        f"Epilog={wrappers['epilog']}",
+        f"EpilogSlurmctld={wrappers['epilog_slurmctld']}",
+        "PrologFlags=Alloc",
+        "SchedulerParameters=nohold_on_prolog_fail",
+    ]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in HOOKS:
+        print(f"usage: python -m slurm_recovery.hooks {{{','.join(HOOKS)}}}", file=sys.stderr)
+        sys.exit(EXIT_OK)
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,480 @@
+"""XIDs from the kernel log: the NVIDIA driver's ``NVRM: Xid`` lines, read from /dev/kmsg.
+
+:func:`parse_xid_line` is pure: any text in (a /dev/kmsg record, a dmesg or journal line),
+an :class:`XidLine` or ``None`` out. :class:`KmsgSource` is the sidecar source: a reader
+thread on /dev/kmsg (root only; opening it replays the kernel's ring buffer), deduplicated
+across sidecar restarts by the last record sequence number it handed over, saved with the
+boot id in a small state file (sequence numbers restart at each boot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from slurm_recovery.sidecar.base import Finding
+from slurm_recovery.sidecar.gpu import normalize_pci_bus_id
+
+__all__ = ["KmsgSource", "XidLine", "parse_xid_line"]
+
+#: XID reported for a "fallen off the bus" line that carries no Xid number.
+FALLEN_OFF_THE_BUS_XID = 79
+#: An inferred XID 79 within this many seconds of another XID 79 on the same GPU is the same
+#: event told twice (the driver logs both "Xid ...: 79" and "GPU ...: GPU has fallen off the bus").
+INFERRED_79_WINDOW = 300.0
+
+# /dev/kmsg record: "<priority>,<sequence>,<timestamp us>,<flags>[,more];<message>"
+_RECORD = re.compile(r"^(?P<pri>\d+),(?P<seq>\d+),(?P<ts>\d+),[^;]*;")
+# The kernel escapes bytes < 0x20, >= 0x7f and the backslash in /dev/kmsg text as \xNN.
+_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+_BUS = r"[0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+# "NVRM: Xid (PCI:0000:3b:00): 79, ..." -- also without "PCI:", without the parentheses.
+_XID = re.compile(
+    r"NVRM:\s*Xid\s*(?:\((?P<paren>[^()]{0,64})\))?\s*:?\s*(?P<xid>\d{1,6})\b\s*(?:,\s*)?"
+    r"(?P<rest>.*)",
+    re.DOTALL,
+)
+_PID = re.compile(
+    r"^pid=(?P<pid>'?<unknown>'?|\d{1,10})\s*(?:,\s*|$)(?:name=(?P<name>[^,]*?)\s*(?:,\s*|$))?",
+    re.DOTALL,
+)
+# NVLink5 (XIDs 144-150): "<unit> <Fatal|Nonfatal> XC<n> i<n> Link <n> (0x... 0x... ...)"
+_NVLINK = re.compile(
+    r"^(?P<unit>[A-Z][A-Z0-9_/]*)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\s+XC(?P<xc>\d+)\s+"
+    r"i(?P<inst>\d+)\s+Link\s+(?P<link>-?\d+)\s+\((?P<words>0x[0-9a-fA-F]+(?:\s+0x[0-9a-fA-F]+)*)\)"
+)
+_FALLEN = "fallen off the bus"
+# "NVRM: GPU 0000:09:00.0: GPU has fallen off the bus." / "NVRM: The NVIDIA GPU 0000:b3:00.0"
+_FALLEN_PCI = re.compile(
+    r"NVRM:\s*(?:The NVIDIA\s+)?GPU\s+(?:at\s+)?(?:PCI:)?(?P<pci>" + _BUS + ")"
+)
+_NVRM_PREFIX = re.compile(r"NVRM:\s*")
+
+
+@dataclass(frozen=True)
+class XidLine:
+    """One XID the driver logged. ``pci`` is normalized (``"0000:3b:00"``); ``gpu`` is the
+    GPU index it maps to, if known; ``inferred`` marks a "fallen off the bus" line with no
+    Xid number (reported as XID 79); ``nvlink`` holds the NVLink5 fields (XIDs 144-150);
+    ``seq`` and ``timestamp_us`` come from a /dev/kmsg record."""
+
+    xid: int
+    message: str
+    pci: str | None = None
+    pid: int | None = None
+    process: str | None = None
+    inferred: bool = False
+    nvlink: Mapping[str, Any] | None = field(default=None, hash=False)
+    seq: int | None = None
+    timestamp_us: int | None = None
+    gpu: int | None = None
+
+    def to_payload(self, origin: str = "kmsg") -> dict[str, Any]:
+        """The ``xid`` evidence payload (base.KINDS): absent facts are left out."""
+        payload: dict[str, Any] = {"xid": self.xid, "message": self.message, "origin": origin}
+        if self.pci is not None:
+            payload["pci"] = self.pci
+        if self.pid is not None:
+            payload["pid"] = self.pid
+        if self.process is not None:
+            payload["process"] = self.process
+        if self.seq is not None:
+            payload["seq"] = self.seq
+        if self.inferred:
+            payload["inferred"] = True
+        if self.nvlink is not None:
+            payload["nvlink"] = dict(self.nvlink)
+        return payload
+
+
+def parse_xid_line(line: str | bytes, gpus: Mapping[str, int] | None = None) -> XidLine | None:
+    """The XID in one kernel-log line, or ``None``. Never raises.
+
+    Accepts a /dev/kmsg record (``6,1234,5678901,-;NVRM: Xid ...``, \\xNN escapes decoded),
+    a dmesg or journal line, or the bare message. ``gpus`` maps PCI bus ids (any spelling
+    :func:`~slurm_recovery.sidecar.gpu.normalize_pci_bus_id` reads) to GPU indexes.
+    """
+    try:
+        text = line.decode("utf-8", "replace") if isinstance(line, bytes | bytearray) else line
+        seq: int | None = None
+        stamp: int | None = None
+        record = _RECORD.match(text)
+        if record is not None:
+            seq, stamp = int(record["seq"]), int(record["ts"])
+            text = _unescape(text[record.end() :])
+        found = _parse_message(text)
+        if found is None:
+            return None
+        return replace(found, seq=seq, timestamp_us=stamp, gpu=_gpu_of(found.pci, gpus))
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def _unescape(text: str) -> str:
+    """Undo the kernel's \\xNN escaping of /dev/kmsg text (only bytes it escapes)."""
+    if "\\x" not in text:
+        return text
+    out = bytearray()
+    for position, part in enumerate(_ESCAPE.split(text)):
+        if position % 2 == 0:
+            out += part.encode("utf-8", "surrogatepass")
+            continue
+        value = int(part, 16)
+        if value < 0x20 or value >= 0x7F or value == 0x5C:
+            out.append(value)
+        else:
+            out += b"\\x" + part.encode("ascii")
+    return out.decode("utf-8", "replace")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _parse_message(text: str) -> XidLine | None:
+    if "NVRM" not in text:
+        return None
+    if "Xid" in text:
+        match = _XID.search(text)
+        if match is not None:
+            return _xid_from(match)
+    if _FALLEN in text:
+        return _fallen_from(text)
+    return None
+
+
+def _xid_from(match: re.Match[str]) -> XidLine:
+    pci = None
+    paren = match["paren"]
+    if paren:
+        pci = normalize_pci_bus_id(paren.strip())
+    rest = match["rest"].strip()
+    pid: int | None = None
+    process: str | None = None
+    owner = _PID.match(rest)
+    if owner is not None:
+        if owner["pid"].isdigit():
+            pid = int(owner["pid"])
+        name = (owner["name"] or "").strip()
+        if name and name.strip("'") != "<unknown>":
+            process = name
+        rest = rest[owner.end() :]
+    message = _one_line(rest).rstrip(",").strip()
+    nvlink = None
+    shape = _NVLINK.match(message)
+    if shape is not None:
+        words = shape["words"].split()
+        nvlink = {
+            "unit": shape["unit"],
+            "fatal": shape["sev"] == "Fatal",
+            "xc": int(shape["xc"]),
+            "instance": int(shape["inst"]),
+            "link": int(shape["link"]),
+            "intr_info": words[0],
+            "error_status": words[1] if len(words) > 1 else None,
+            "words": words,
+        }
+    return XidLine(
+        xid=int(match["xid"]),
+        message=message,
+        pci=pci,
+        pid=pid,
+        process=process,
+        nvlink=nvlink,
+    )
+
+
+def _fallen_from(text: str) -> XidLine:
+    start = text.find("NVRM")
+    body = _NVRM_PREFIX.sub("", text[start:])
+    place = _FALLEN_PCI.search(text)
+    pci = normalize_pci_bus_id(place["pci"]) if place is not None else None
+    return XidLine(xid=FALLEN_OFF_THE_BUS_XID, message=_one_line(body), pci=pci, inferred=True)
+
+
+def _gpu_of(pci: str | None, gpus: Mapping[str, int] | None) -> int | None:
+    if pci is None or not gpus:
+        return None
+    if pci in gpus:
+        return gpus[pci]
+    for key, index in gpus.items():
+        if normalize_pci_bus_id(key) == pci:
+            return index
+    return None
+
+
+# ------------------------------------------------------------------------------ the source
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    boot_id: str
+    seq: int
+
+
+class KmsgSource:
+    """XIDs from /dev/kmsg as ``xid`` findings (``origin: "kmsg"``).
+
+    A daemon thread reads records as the kernel writes them. ``poll`` returns the XIDs read
+    so far that were not yet committed; :meth:`commit` (the sidecar calls it once the
+    outbox holds them) forgets them and saves the sequence number of the last record they
+    cover, with the boot id, in ``<state_dir>/kmsg-cursor.json``. A restarted sidecar skips
+    what was committed; what was polled but not committed is reported again: never lost.
+
+    ``device`` may be any file of kmsg-formatted records (a FIFO or a regular file: the
+    reader follows it like ``tail -f``). ``gpus`` maps PCI bus ids to GPU indexes, or is a
+    callable returning that map (the GPU backend's inventory); :meth:`set_gpus` replaces it.
+    ``boot_time`` is the wall-clock time of boot, turning record timestamps into
+    ``observed_at`` (default: now minus the monotonic clock, which is what printk uses).
+    """
+
+    name = "kmsg"
+    fast = True
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        *,
+        device: str | os.PathLike[str] = "/dev/kmsg",
+        gpus: Mapping[str, int] | Callable[[], Mapping[str, int]] | None = None,
+        boot_id_path: str | os.PathLike[str] = "/proc/sys/kernel/random/boot_id",
+        boot_time: float | None = None,
+        reopen_interval: float = 5.0,
+        max_pending: int = 10_000,
+    ) -> None:
+        self._device = Path(device)
+        self._state = Path(state_dir) / "kmsg-cursor.json"
+        self._gpus = gpus
+        self._boot_id = _read_boot_id(Path(boot_id_path))
+        self._boot_time = time.time() - time.monotonic() if boot_time is None else boot_time
+        self._reopen_interval = reopen_interval
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pending: deque[tuple[XidLine, float]] = deque()
+        self._max_pending = max_pending
+        self._dropped = 0
+        self._overruns = 0
+        self._error: str | None = None
+        self._state_error: str | None = None
+        self._gpu_error: str | None = None
+        cursor = self._load_cursor()
+        #: records at or below this sequence number were committed by an earlier run
+        self._floor = cursor.seq if cursor is not None else -1
+        self._committed = self._floor
+        self._handed = self._floor
+        self._highest = self._floor
+        #: findings returned by ``poll`` and not committed yet
+        self._unacked: list[Finding] = []
+        self._recent_79: dict[str | None, float] = {}
+        self._thread = threading.Thread(target=self._run, name="srecovery-kmsg", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ Source interface
+
+    def poll(self, now: float) -> list[Finding]:
+        """The XIDs not committed yet, oldest first (those of earlier polls come again)."""
+        with self._lock:
+            batch = list(self._pending)
+            self._pending.clear()
+            self._handed = self._highest
+        if batch:
+            gpus = self._gpu_map()
+            for xid_line, read_at in batch:
+                observed = self._observed_at(xid_line, read_at, now)
+                if self._duplicate_79(xid_line, observed):
+                    continue
+                self._unacked.append(
+                    Finding(
+                        kind="xid",
+                        observed_at=observed,
+                        gpu=_gpu_of(xid_line.pci, gpus),
+                        payload=xid_line.to_payload(),
+                    )
+                )
+        return list(self._unacked)
+
+    def commit(self) -> None:
+        """What the last ``poll`` returned is safe (in the sidecar's outbox): forget it, and
+        save the cursor so that a restart does not report it again."""
+        self._unacked.clear()
+        self._save(self._handed)
+
+    def close(self) -> None:
+        """Stop the reader. When nothing is waiting to be reported, save the cursor up to
+        the last record read (records without an XID need not be read again)."""
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        with self._lock:
+            idle = not self._pending and not self._unacked
+            highest = self._highest
+        if idle:
+            self._save(highest)
+
+    # ------------------------------------------------------------------ state for status
+
+    def status(self) -> str:
+        """``"ok"``, or what is wrong (for the sidecar's status event)."""
+        with self._lock:
+            problems = [p for p in (self._error, self._state_error, self._gpu_error) if p]
+            if self._dropped:
+                problems.append(f"{self._dropped} XIDs dropped (reader queue full)")
+            if self._overruns:
+                problems.append(f"kernel ring buffer overran {self._overruns} times")
+        return "; ".join(problems) or "ok"
+
+    def set_gpus(self, gpus: Mapping[str, int] | Callable[[], Mapping[str, int]] | None) -> None:
+        """Replace the PCI bus id -> GPU index map (after the inventory changed)."""
+        self._gpus = gpus
+
+    # ------------------------------------------------------------------ internals
+
+    def _gpu_map(self) -> Mapping[str, int] | None:
+        source = self._gpus
+        if callable(source):
+            try:
+                table = source()
+            except Exception as exc:  # the inventory's trouble must not stop XIDs
+                self._gpu_error = f"GPU inventory unavailable, XIDs name no GPU: {exc}"
+                return None
+            self._gpu_error = None
+            return table
+        return source
+
+    def _observed_at(self, xid_line: XidLine, read_at: float, now: float) -> float:
+        if xid_line.timestamp_us is None:
+            return min(read_at, now)
+        return min(self._boot_time + xid_line.timestamp_us / 1e6, now)
+
+    def _duplicate_79(self, xid_line: XidLine, observed: float) -> bool:
+        if xid_line.xid != FALLEN_OFF_THE_BUS_XID:
+            return False
+        key = xid_line.pci
+        if xid_line.inferred:
+            for seen_pci, seen_at in self._recent_79.items():
+                if (key is None or seen_pci in (key, None)) and abs(
+                    observed - seen_at
+                ) <= INFERRED_79_WINDOW:
+                    return True
+        self._recent_79[key] = observed
+        return False
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                fd = os.open(self._device, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                hint = " (the sidecar must run as root)" if exc.errno == errno.EACCES else ""
+                with self._lock:
+                    self._error = f"cannot open {self._device}: {exc.strerror}{hint}"
+                self._stop.wait(self._reopen_interval)
+                continue
+            with self._lock:
+                self._error = None
+            try:
+                self._read(fd)
+            finally:
+                os.close(fd)
+            if not self._stop.is_set():
+                self._stop.wait(self._reopen_interval)
+
+    def _read(self, fd: int) -> None:
+        partial = b""
+        while not self._stop.is_set():
+            try:
+                ready, _, _ = select.select([fd], [], [], 0.2)
+                if not ready:
+                    continue
+                chunk = os.read(fd, 16384)
+            except BlockingIOError:
+                continue
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # /dev/kmsg: records overwritten before read
+                    with self._lock:
+                        self._overruns += 1
+                    continue
+                with self._lock:
+                    self._error = f"reading {self._device} failed: {exc.strerror}; reopening"
+                return
+            if not chunk:  # end of a regular file, or a FIFO without a writer: follow it
+                self._stop.wait(0.1)
+                continue
+            lines = (partial + chunk).split(b"\n")
+            partial = lines.pop()
+            for raw in lines:
+                self._take(raw)
+
+    def _take(self, raw: bytes) -> None:
+        if not raw or raw[:1] in (b" ", b"\t"):  # empty, or a record's KEY=value line
+            return
+        text = raw.decode("utf-8", "replace")
+        record = _RECORD.match(text)
+        seq = int(record["seq"]) if record is not None else None
+        if seq is not None:
+            with self._lock:
+                if seq <= max(self._floor, self._highest):
+                    return
+        found = parse_xid_line(text)
+        read_at = time.time()
+        with self._lock:
+            if seq is not None:
+                self._highest = seq
+            if found is None:
+                return
+            if len(self._pending) >= self._max_pending:
+                self._pending.popleft()
+                self._dropped += 1
+            self._pending.append((found, read_at))
+
+    # ------------------------------------------------------------------ the cursor file
+
+    def _load_cursor(self) -> _Cursor | None:
+        try:
+            data = json.loads(self._state.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            self._state_error = f"{self._state}: unreadable ({exc}); reading from the start"
+            return None
+        if not isinstance(data, dict):
+            return None
+        boot_id, seq = data.get("boot_id"), data.get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(boot_id, str):
+            return None
+        if boot_id != self._boot_id:  # another boot: its sequence numbers mean nothing now
+            return None
+        return _Cursor(boot_id, seq)
+
+    def _save(self, seq: int) -> None:
+        if seq <= self._committed:
+            return
+        try:
+            self._state.parent.mkdir(parents=True, exist_ok=True)
+            temp = self._state.with_name(self._state.name + ".tmp")
+            temp.write_text(json.dumps({"boot_id": self._boot_id, "seq": seq}) + "\n")
+            os.replace(temp, self._state)
+        except OSError as exc:
+            with self._lock:
+                self._state_error = f"cannot save {self._state}: {exc.strerror or exc}"
+            return
+        self._committed = seq
+        with self._lock:
+            self._state_error = None
+
+
+def _read_boot_id(path: Path) -> str:
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        return path.read_text(encoding="utf-8").strip()
+    return ""

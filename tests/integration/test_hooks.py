@@ -1,0 +1,258 @@
+"""The hooks on a real local cluster: slurmd runs the node Prolog/Epilog, slurmctld runs
+EpilogSlurmctld, both through the wrappers ``write_hook_wrappers`` writes (as the dev stack
+does), with the slurm.conf lines docs/hooks.md gives. Real batch jobs, real exit codes, a real
+controller with MUNGE, and the prolog health gate draining a node through Slurm itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from slurm_recovery import devstack, hooks, localcluster
+from slurm_recovery.scheduler.scontrol import ScontrolScheduler
+from slurm_recovery.store import Store
+from tests.conftest import _free_port_block, wait_for
+
+pytestmark = pytest.mark.cluster
+
+NODES = 3
+
+
+@dataclass
+class HookCluster:
+    spec: localcluster.ClusterSpec
+    base: Path
+    config: Path
+    url: str
+    scheduler: ScontrolScheduler
+
+    @property
+    def env(self) -> dict[str, str]:
+        return localcluster.slurm_env(self.spec)
+
+    def node_events(self, node: str, job_id: int) -> list[dict]:
+        spool = self.base / "spool" / node
+        return [e for e in hooks.read_spooled(spool) if e.get("job_id") == job_id]
+
+    def wait_events(self, node: str, job_id: int, count: int) -> list[dict]:
+        """The node's spooled events for the job, once there are ``count`` of them."""
+        wait_for(lambda: len(self.node_events(node, job_id)) >= count, timeout=10)
+        return self.node_events(node, job_id)
+
+    def ctld_events(self, job_id: int) -> list[dict]:
+        spool = self.base / "spool" / "controller"
+        return [e for e in hooks.read_spooled(spool) if e.get("job_id") == job_id]
+
+    def submit(self, *args: str) -> int:
+        out = subprocess.run(
+            ["sbatch", "--parsable", "-o", "/dev/null", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd="/tmp",
+        )
+        return int(out.stdout.strip().split(";")[0])
+
+    def finished(self, job_id: int) -> str | None:
+        state = self.scheduler.get_job(job_id).state
+        return state if state in ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL") else None
+
+    def set_gate(self, on: bool) -> None:
+        text = self.config.read_text().split("\n[hooks]\n")[0]
+        self.config.write_text(f"{text}\n[hooks]\nhealth_gate = {'true' if on else 'false'}\n")
+
+    def write_health(self, node: str, fatal: list[dict]) -> Path:
+        path = self.base / "spool" / node / hooks.HEALTH_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"updated_at": time.time(), "node": node, "fatal": fatal}))
+        return path
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[HookCluster]:
+    base = Path(tempfile.mkdtemp(prefix="srecovery-hooks-"))
+    base.chmod(0o755)  # munged (user munge) must reach its socket directory inside
+    port_base = _free_port_block(NODES + 1)
+    spec = localcluster.ClusterSpec(
+        base=base / "cluster", nodes=NODES, port_base=port_base, name="srhooks"
+    )
+    api_port = _free_port_block(1, start=port_base + 400)
+    devstack.write_policy(base / "policy.toml", "monitor")
+    config = devstack.write_config(base, spec, api_port)
+    wrappers = hooks.write_hook_wrappers(base / "hooks", config)
+    spec.extra_conf = hooks.slurm_conf_lines(wrappers)
+    stack = HookCluster(
+        spec=spec,
+        base=base,
+        config=config,
+        url=f"http://127.0.0.1:{api_port}",
+        scheduler=ScontrolScheduler(timeout=10, slurm_conf=str(spec.slurm_conf)),
+    )
+    stack.set_gate(False)
+    try:
+        localcluster.up(spec)
+        yield stack
+    finally:
+        localcluster.down(spec.base)
+
+
+@pytest.fixture(scope="module")
+def two_jobs(cluster: HookCluster) -> dict[str, int]:
+    """One job that succeeds on two nodes and one that exits 3, both run to the end while
+    no controller is running."""
+    jobs = {
+        "ok": cluster.submit("-N2", "--wrap=sleep 1"),
+        "exit3": cluster.submit("-N1", "--wrap=exit 3"),
+    }
+    for job_id in jobs.values():
+        wait_for(lambda j=job_id: cluster.finished(j), timeout=60)
+    return jobs
+
+
+def test_node_hooks_spool_job_start_and_end_on_every_node(cluster, two_jobs):
+    job = cluster.scheduler.get_job(two_jobs["ok"])
+    assert job.state == "COMPLETED"
+    nodes = sorted(job.nodes)
+    assert len(nodes) == 2
+    for node in nodes:
+        start, end = cluster.wait_events(node, job.job_id, 2)
+        assert (start["kind"], end["kind"]) == ("job_start", "job_end")
+        assert start["node"] == end["node"] == node
+        assert start["payload"]["context"] == "prolog"
+        assert end["payload"]["context"] == "epilog"
+        assert start["payload"]["nodes"] == end["payload"]["nodes"] == nodes
+        assert start["payload"]["restart_count"] == 0
+        assert (end["payload"]["exit_code"], end["payload"]["signal"]) == (0, 0)
+        assert start["observed_at"] <= end["observed_at"]
+
+    failed = cluster.scheduler.get_job(two_jobs["exit3"])
+    assert failed.state == "FAILED"
+    (node,) = failed.nodes
+    start, end = cluster.wait_events(node, failed.job_id, 2)
+    assert start["kind"] == "job_start" and start["payload"]["nodes"] == [node]
+    assert end["kind"] == "job_end"
+    assert (end["payload"]["exit_code"], end["payload"]["signal"]) == (3, 0)
+    assert end["payload"]["exit_code2"] == "3:0"
+    assert end["payload"]["exit_status"] == 768
+    for other in cluster.spec.node_names:
+        if other != node:
+            assert cluster.node_events(other, failed.job_id) == []
+
+
+def test_ctld_spools_while_the_controller_is_down_and_jobs_end_normally(cluster, two_jobs):
+    ok, failed = (cluster.scheduler.get_job(two_jobs[k]) for k in ("ok", "exit3"))
+    assert (ok.state, ok.exit_code.returncode) == ("COMPLETED", 0)
+    assert (failed.state, failed.exit_code.returncode) == ("FAILED", 3)
+    for job in (ok, failed):
+        assert not job.held and job.restart_count == 0
+        (event,) = cluster.ctld_events(job.job_id)
+        assert event["kind"] == "job_end" and "node" not in event
+        payload = event["payload"]
+        assert payload["context"] == "epilog_slurmctld"
+        assert payload["nodes"] == sorted(job.nodes)
+        assert payload["restart_count"] == 0
+    assert cluster.ctld_events(failed.job_id)[0]["payload"]["exit_code"] == 3
+    assert cluster.ctld_events(ok.job_id)[0]["payload"]["exit_code"] == 0
+    assert not any(node.drained for node in cluster.scheduler.list_nodes())
+
+
+def test_ctld_events_reach_a_running_controller_and_the_spool_is_imported(cluster, two_jobs):
+    db = cluster.base / "state.db"
+
+    def stored(job_id: int) -> list:
+        with Store.open(db, readonly=True) as store:
+            return [
+                r.evidence
+                for r in store.find_evidence(job_id=job_id)
+                if r.evidence.payload.get("context") == "epilog_slurmctld"
+            ]
+
+    assert all(cluster.ctld_events(job_id) for job_id in two_jobs.values())
+    pid = devstack.start_controller(cluster.config, cluster.base / "controller.log")
+    try:
+        devstack.wait_healthy(cluster.url, pid=pid)
+        # What EpilogSlurmctld spooled while the controller was down arrives now ...
+        for name, job_id in two_jobs.items():
+            (evidence,) = wait_for(lambda j=job_id: stored(j), timeout=15)
+            assert evidence.kind == "job_end"
+            assert evidence.payload["exit_code"] == (3 if name == "exit3" else 0)
+            assert cluster.ctld_events(job_id) == []  # imported: gone from the spool
+
+        # ... and a job ending while it runs is posted directly, not spooled.
+        job_id = cluster.submit("-N1", "--wrap=exit 3")
+        wait_for(lambda: cluster.finished(job_id), timeout=60)
+        ended = time.time()
+        (evidence,) = wait_for(lambda: stored(job_id), timeout=10)
+        print(f"job end -> evidence stored: {time.time() - ended:.2f}s (at most)")
+        assert evidence.kind == "job_end" and evidence.source == "operator"
+        assert evidence.payload["exit_code"] == 3
+        assert evidence.node is None
+        assert cluster.ctld_events(job_id) == []
+    finally:
+        localcluster.stop_process(pid, "slurm_recovery.controller")
+    assert cluster.finished(job_id) == "FAILED"
+
+
+FATAL = [{"check": "ecc_dbe", "gpu": 0, "since": 0, "detail": "volatile DBE +1"}]
+
+
+def test_health_gate_off_leaves_jobs_alone(cluster):
+    devstack.write_policy(cluster.base / "policy.toml", "act")
+    cluster.set_gate(False)
+    health = cluster.write_health("n1", FATAL)
+    try:
+        job_id = cluster.submit("-N2", "--wrap=sleep 1")
+        assert wait_for(lambda: cluster.finished(job_id), timeout=60) == "COMPLETED"
+        job = cluster.scheduler.get_job(job_id)
+        assert "n1" in job.nodes and job.restart_count == 0
+        assert not cluster.scheduler.get_node("n1").drained
+        (start, _end) = cluster.wait_events("n1", job_id, 2)
+        assert "health_gate" not in start["payload"]
+    finally:
+        health.unlink()
+
+
+def test_health_gate_refuses_a_node_with_a_fatal_finding(cluster):
+    devstack.write_policy(cluster.base / "policy.toml", "act")
+    cluster.set_gate(True)
+    health = cluster.write_health("n1", FATAL)
+    try:
+        job_id = cluster.submit("-N2", "--wrap=sleep 1")
+        node = wait_for(lambda: (n := cluster.scheduler.get_node("n1")).drained and n, timeout=30)
+        assert node.reason == "Prolog error"
+        refused = [e for e in cluster.node_events("n1", job_id) if e["kind"] == "job_start"]
+        (event,) = refused
+        assert event["payload"]["health_gate"]["refused"] is True
+        assert "ecc_dbe on GPU 0" in event["payload"]["health_gate"]["reason"]
+
+        # Slurm requeued it (not held: nohold_on_prolog_fail) with its usual begin-time delay.
+        job = wait_for(
+            lambda: (j := cluster.scheduler.get_job(job_id)).state == "PENDING" and j, timeout=30
+        )
+        assert not job.held and job.restart_count == 1
+        subprocess.run(
+            ["scontrol", "update", f"jobid={job_id}", "StartTime=now"],
+            env=cluster.env,
+            check=True,
+            capture_output=True,
+        )
+        assert wait_for(lambda: cluster.finished(job_id), timeout=60) == "COMPLETED"
+        job = cluster.scheduler.get_job(job_id)
+        assert "n1" not in job.nodes and job.restart_count == 1
+        for other in job.nodes:
+            starts = [e for e in cluster.node_events(other, job_id) if e["kind"] == "job_start"]
+            assert starts[-1]["payload"]["restart_count"] == 1
+            assert "health_gate" not in starts[-1]["payload"]
+    finally:
+        health.unlink()
+        cluster.set_gate(False)
+        devstack.write_policy(cluster.base / "policy.toml", "monitor")
+        cluster.scheduler.resume_node("n1")

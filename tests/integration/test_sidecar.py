@@ -1,0 +1,219 @@
+"""The sidecar on the real local cluster: its own process, simulated GPUs, a real controller,
+MUNGE-signed delivery. Injected XIDs arrive within a second; a controller outage loses
+nothing; a sidecar restart re-sends no XID; SIGTERM exits 0."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from slurm_recovery import devstack, localcluster
+from slurm_recovery.controller.wire import event_to_json
+from slurm_recovery.sidecar.spool import HookSpool
+from slurm_recovery.store import Store
+from tests.conftest import _free_port_block, wait_for
+
+pytestmark = pytest.mark.cluster
+
+NODE = "n2"
+
+
+@dataclass
+class Controller:
+    base: Path
+    config: Path
+    url: str
+    pid: int = 0
+
+    @property
+    def db(self) -> Path:
+        return self.base / "state.db"
+
+    def start(self) -> None:
+        self.pid = devstack.start_controller(self.config, self.base / "controller.log")
+        devstack.wait_healthy(self.url, pid=self.pid)
+
+    def stop(self) -> None:
+        localcluster.stop_process(self.pid, "slurm_recovery.controller")
+
+    def evidence(self, kind: str | None = None) -> list:
+        if not self.db.exists():
+            return []
+        with Store.open(self.db, readonly=True) as store:
+            found = [r.evidence for r in store.find_evidence(node=NODE)]
+        return [e for e in found if kind is None or e.kind == kind]
+
+
+@dataclass
+class Sidecar:
+    config: Path
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "slurm_recovery.sidecar",
+                    "--config",
+                    str(self.config),
+                    "--node",
+                    NODE,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture
+def stack(local_cluster) -> Iterator[tuple[Controller, Sidecar, Callable[..., None]]]:
+    """A controller (monitor mode) and n2's sidecar with 8 simulated GPUs, and ``sim(...)``,
+    which runs ``srecovery sim inject --node n2 ...``."""
+    base = Path(tempfile.mkdtemp(prefix="srecovery-sidecar-"))
+    base.chmod(0o755)
+    port = _free_port_block(1, start=local_cluster.port_base + 600)
+    devstack.write_policy(base / "policy.toml", "monitor")
+    config = devstack.write_config(base, local_cluster, port)
+    controller = Controller(base, config, f"http://127.0.0.1:{port}")
+    controller.start()
+    sidecar = Sidecar(config, base / "sidecar.log")
+
+    srecovery = [sys.executable, "-m", "slurm_recovery.cli", "--config", str(config)]
+
+    def sim(*args: str) -> None:
+        out = subprocess.run(
+            [*srecovery, "sim", "inject", "--node", NODE, *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+
+    try:
+        yield controller, sidecar, sim
+    finally:
+        if sidecar.proc is not None and sidecar.proc.poll() is None:
+            sidecar.stop()
+        controller.stop()
+
+
+def started(controller: Controller, after: float = 0.0) -> bool:
+    """The sidecar's start-up status reached the controller (it is authorised and sending)."""
+    return any(
+        e.payload.get("started_at", 0) > after and e.source == "sidecar"
+        for e in controller.evidence("sidecar_status")
+    )
+
+
+def xids(controller: Controller) -> list[int]:
+    return sorted(e.payload["injection"] for e in controller.evidence("xid"))
+
+
+def test_injected_xid_reaches_the_controller_within_a_second(stack):
+    controller, sidecar, sim = stack
+    sidecar.start()
+    wait_for(lambda: started(controller), timeout=30)
+    (inventory,) = wait_for(lambda: controller.evidence("gpu_inventory"))
+    assert len(inventory.payload["gpus"]) == 8 and inventory.payload["expected"] == 8
+    latencies = []
+    for run in range(5):
+        before = time.monotonic()
+        sim("--gpu", "1", "--xid", "79")
+        wait_for(lambda n=run: len(controller.evidence("xid")) > n, timeout=10, interval=0.01)
+        latencies.append(time.monotonic() - before)
+    xid = controller.evidence("xid")[0]
+    assert (xid.source, xid.node, xid.gpu) == ("sidecar", NODE, 1)
+    assert xid.payload["xid"] == 79 and xid.payload["origin"] == "sim"
+    latencies.sort()
+    print(f"inject -> evidence stored: median {latencies[2]:.3f}s, max {latencies[-1]:.3f}s")
+    assert latencies[2] < 1.0, latencies
+    health = json.loads((controller.base / "spool" / NODE / "health.json").read_text())
+    assert health["node"] == NODE
+    assert [(f["check"], f["gpu"]) for f in health["fatal"]] == [("xid", 1)]
+    # telemetry faults take the slow poll (sidecar.poll_interval, 10 s by default)
+    sim("--gpu", "4", "--lose-gpu")
+    lost = wait_for(
+        lambda: [e for e in controller.evidence("gpu_finding") if e.payload["check"] == "gpu_lost"],
+        timeout=30,
+    )
+    assert lost[0].gpu == 4 and lost[0].payload["severity"] == "fatal"
+    assert sidecar.stop() == 0, sidecar.text()
+
+
+def test_controller_outage_loses_nothing(stack):
+    controller, sidecar, sim = stack
+    sidecar.start()
+    wait_for(lambda: started(controller), timeout=30)
+    controller.stop()
+    for gpu in (0, 3, 7):
+        sim("--gpu", str(gpu), "--xid", "48")
+    spool = HookSpool(controller.base / "spool" / NODE)
+    for job_id in (4101, 4102):
+        spool.put(
+            event_to_json(
+                "job_end",
+                time.time(),
+                node=NODE,
+                job_id=job_id,
+                payload={"exit_code": 1, "signal": 0, "restart_count": 0, "nodes": [NODE]},
+            )
+        )
+    time.sleep(3)  # the sidecar retries, backing off; the spool files are taken, queued on disk
+    wait_for(lambda: not spool.pending(), timeout=10)
+    assert sidecar.proc.poll() is None, sidecar.text()
+    assert "cannot deliver to the controller" in sidecar.text()
+    controller.start()  # the same store
+    wait_for(lambda: len(xids(controller)) >= 3, timeout=60)
+    wait_for(lambda: len(controller.evidence("job_end")) >= 2, timeout=10)
+    assert sorted(e.gpu for e in controller.evidence("xid")) == [0, 3, 7]
+    ends = controller.evidence("job_end")
+    assert sorted(e.job_id for e in ends) == [4101, 4102]
+    assert {e.source for e in ends} == {"hook"}
+    assert sidecar.stop() == 0, sidecar.text()
+
+
+def test_a_restarted_sidecar_resends_no_xid(stack):
+    controller, sidecar, sim = stack
+    sidecar.start()
+    wait_for(lambda: started(controller), timeout=30)
+    sim("--gpu", "2", "--xid", "79")
+    sim("--gpu", "5", "--xid", "31")
+    wait_for(lambda: len(xids(controller)) == 2)
+    assert sidecar.stop() == 0, sidecar.text()  # SIGTERM: exit 0
+
+    restarted_at = time.time()
+    sidecar.start()
+    wait_for(lambda: started(controller, after=restarted_at), timeout=30)
+    time.sleep(1.5)  # several fast ticks
+    assert xids(controller) == [1, 2]
+    sim("--gpu", "6", "--xid", "94")
+    wait_for(lambda: xids(controller) == [1, 2, 3])
+    # the XID 79 on GPU 2 is still an open fatal condition after the restart (same boot)
+    health = json.loads((controller.base / "spool" / NODE / "health.json").read_text())
+    assert ("xid", 2) in [(f["check"], f["gpu"]) for f in health["fatal"]]
+    assert sidecar.stop() == 0, sidecar.text()
