@@ -60,21 +60,38 @@ class _Worker:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
 
-def node_addresses(nodes: Mapping[str, Node]) -> dict[str, frozenset[str]]:
-    """node -> IPv4 addresses its munged may stamp: NodeAddr, and NodeHostname resolved."""
-    out: dict[str, frozenset[str]] = {}
-    resolved: dict[str, set[str]] = {}
-    for name, node in nodes.items():
-        addrs: set[str] = set()
-        for host in {node.address, node.hostname} - {""}:
-            if host not in resolved:
-                try:
-                    resolved[host] = set(socket.gethostbyname_ex(host)[2])
-                except OSError:
-                    resolved[host] = set()
-            addrs |= resolved[host]
-        out[name] = frozenset(addrs)
-    return out
+#: How long a resolved NodeAddr/NodeHostname is trusted before it is looked up again.
+RESOLVE_TTL = 600.0
+
+
+class AddressBook:
+    """node -> IPv4 addresses its munged may stamp: NodeAddr, and NodeHostname, resolved.
+
+    Lookups are cached for RESOLVE_TTL so a pass over 10,000 nodes does not ask the resolver
+    10,000 times a second; a changed NodeAddr in Slurm is seen at once (it is the cache key).
+    """
+
+    def __init__(self, resolve: Callable[[str], list[str]] | None = None) -> None:
+        self._resolve = resolve or (lambda host: socket.gethostbyname_ex(host)[2])
+        self._cache: dict[str, tuple[float, frozenset[str]]] = {}
+
+    def lookup(self, host: str, now: float) -> frozenset[str]:
+        cached = self._cache.get(host)
+        if cached is None or now - cached[0] > RESOLVE_TTL:
+            try:
+                addrs = frozenset(self._resolve(host))
+            except OSError:
+                addrs = frozenset()
+            cached = self._cache[host] = (now, addrs)
+        return cached[1]
+
+    def addresses(self, nodes: Mapping[str, Node], now: float) -> dict[str, frozenset[str]]:
+        return {
+            name: frozenset().union(
+                *(self.lookup(h, now) for h in {node.address, node.hostname} - {""})
+            )
+            for name, node in nodes.items()
+        }
 
 
 def excluded_by_tool(view: ClusterView) -> set[str]:
@@ -108,6 +125,7 @@ class Controller:
         self.catalogue = load_xid_catalogue()
         self.cluster = ""
         self.node_addresses: dict[str, frozenset[str]] = {}
+        self.address_book = AddressBook()
         self.reconciler: Reconciler | None = None
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
@@ -161,7 +179,7 @@ class Controller:
             self.metrics.slurm_unreachable.inc()
         view = self.reconciler.last_view
         if view is not None:
-            self.node_addresses = node_addresses(view.nodes)
+            self.node_addresses = self.address_book.addresses(view.nodes, view.now)
             self.metrics.nodes_drained.set(len(view.drained_by_tool))
             self.metrics.nodes_excluded.set(len(excluded_by_tool(view)))
         return busy

@@ -1,0 +1,115 @@
+"""The evidence wire format: what senders build parses back exactly; anything else is a
+WireError naming the field, never another exception."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurm_recovery.controller.wire import (
+    MAX_DEPTH,
+    MAX_EVENTS,
+    WireError,
+    event_to_json,
+    parse_batch,
+    parse_event,
+)
+from slurm_recovery.store import Evidence
+
+NOW = 1_795_960_000.25
+json_scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20)
+payloads = st.dictionaries(
+    st.text(max_size=10),
+    st.recursive(
+        json_scalars,
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+        max_leaves=10,
+    ),
+    max_size=5,
+)
+
+
+@given(
+    kind=st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True),
+    node=st.none() | st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True),
+    gpu=st.none() | st.integers(0, 1023),
+    job_id=st.none() | st.integers(1, 2**40),
+    payload=payloads,
+)
+def test_round_trip(kind, node, gpu, job_id, payload):
+    event = event_to_json(kind, NOW, node=node, gpu=gpu, job_id=job_id, payload=payload)
+    parsed = parse_event(json.loads(json.dumps(event)), "e", source="sidecar")
+    assert (parsed.kind, parsed.node, parsed.gpu, parsed.job_id) == (kind, node, gpu, job_id)
+    assert parsed.observed_at == NOW and parsed.source == "sidecar"
+    assert parsed.payload == json.loads(json.dumps(payload))
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_are_a_batch_or_a_wire_error(body):
+    try:
+        events = parse_batch(body, source="operator")
+    except WireError:
+        return
+    assert events and all(isinstance(e, Evidence) for e in events)
+
+
+@given(
+    st.recursive(
+        json_scalars,
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+        max_leaves=30,
+    )
+)
+def test_any_json_is_a_batch_or_a_wire_error(doc):
+    try:
+        (event,) = parse_batch(json.dumps({"events": [doc]}).encode(), source="operator")
+    except WireError:
+        return
+    assert isinstance(event, Evidence) and event.source == "operator"
+
+
+@pytest.mark.parametrize(
+    ("event", "field"),
+    [
+        ({"kind": "XID", "observed_at": NOW}, "kind"),
+        ({"kind": "xid", "observed_at": NOW * 1000}, "observed_at"),  # milliseconds
+        ({"kind": "xid", "observed_at": "yesterday"}, "observed_at"),
+        ({"kind": "xid", "observed_at": NOW, "node": "n1; rm -rf /"}, "node"),
+        ({"kind": "xid", "observed_at": NOW, "gpu": -1}, "gpu"),
+        ({"kind": "xid", "observed_at": NOW, "gpu": True}, "gpu"),
+        ({"kind": "xid", "observed_at": NOW, "job_id": 0}, "job_id"),
+        ({"kind": "xid", "observed_at": NOW, "source": "operator"}, "unknown field"),
+        ({"kind": "xid", "observed_at": NOW, "payload": []}, "payload"),
+    ],
+)
+def test_bad_events_name_the_field(event, field):
+    with pytest.raises(WireError, match=field):
+        parse_batch(
+            json.dumps({"events": [{"kind": "ok", "observed_at": NOW}, event]}).encode(),
+            source="sidecar",
+        )
+
+
+def test_limits():
+    deep: dict = {}
+    cursor = deep
+    for _ in range(MAX_DEPTH + 2):
+        cursor["x"] = {}
+        cursor = cursor["x"]
+    with pytest.raises(WireError, match="nested deeper"):
+        parse_event({"kind": "x", "observed_at": NOW, "payload": deep}, "e", source="hook")
+    with pytest.raises(WireError, match="larger than"):
+        parse_event(
+            {"kind": "x", "observed_at": NOW, "payload": {"t": "a" * 20_000}}, "e", source="hook"
+        )
+    many = [{"kind": "x", "observed_at": NOW}] * (MAX_EVENTS + 1)
+    with pytest.raises(WireError, match="1 to"):
+        parse_batch(json.dumps({"events": many}).encode(), source="hook")
+    with pytest.raises(WireError, match="not JSON"):
+        parse_batch(b"\xff\x00", source="hook")
+    with pytest.raises(WireError, match=re.escape('{"events": [...]}')):
+        parse_batch(b'{"events": [], "extra": 1}', source="hook")
