@@ -502,3 +502,20 @@ def test_sqlite_errors_map_to_store_errors(errorname: str, expected: type) -> No
     assert type(wrapped) is expected
     assert "/var/lib/slurm-recovery/state.db" in str(wrapped)
     assert "low-level message" in str(wrapped)
+
+
+def test_evidence_names_its_job_before_the_attempt_is_known(store: Store) -> None:
+    """Ingest knows the Slurm job id an event is about, not yet its attempt (migration 3)."""
+    ids = store.add_evidence(
+        [
+            Evidence("hook", "job_end", 10.0, node="n1", job_id=42, payload={"exit_code": 3}),
+            Evidence("sidecar", "xid", 11.0, node="n1", payload={"xid": 79}),
+            Evidence("hook", "job_start", 12.0, node="n2", job_id=43),
+        ]
+    )
+    found = store.find_evidence(job_id=42)
+    assert [r.id for r in found] == [ids[0]]
+    assert found[0].evidence.job_id == 42 and found[0].evidence.payload == {"exit_code": 3}
+    assert [r.evidence.job_id for r in store.evidence_by_id(ids)] == [42, None, 43]
+    with pytest.raises(ValueError, match="Evidence.job_id"):
+        Evidence("hook", "job_end", 1.0, job_id=0)
