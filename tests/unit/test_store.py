@@ -517,5 +517,5 @@ def test_evidence_names_its_job_before_the_attempt_is_known(store: Store) -> Non
     assert [r.id for r in found] == [ids[0]]
     assert found[0].evidence.job_id == 42 and found[0].evidence.payload == {"exit_code": 3}
     assert [r.evidence.job_id for r in store.evidence_by_id(ids)] == [42, None, 43]
-    with pytest.raises(ValueError, match="Evidence.job_id"):
+    with pytest.raises(ValueError, match=r"Evidence\.job_id"):
         Evidence("hook", "job_end", 1.0, job_id=0)
