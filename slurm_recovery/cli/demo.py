@@ -17,6 +17,7 @@ import click
 
 from slurm_recovery import localcluster
 from slurm_recovery.scheduler import Job, SchedulerError
+from slurm_recovery.scheduler.base import earliest_restart
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 
 DEMO_BASE = Path("/tmp/srecovery-demo")
@@ -131,6 +132,7 @@ def _run(spec: localcluster.ClusterSpec) -> None:
     t0 = time.monotonic()
     sched.drain_node(bad, "slurm-recovery demo: simulated GPU fault")
     t_drain = time.monotonic()
+    requeued_at = time.time()
     sched.requeue_hold(job_id)
     held = _wait(
         "the job to be pending", lambda: (j := sched.get_job(job_id)).state == "PENDING" and j
@@ -139,6 +141,7 @@ def _run(spec: localcluster.ClusterSpec) -> None:
     slurm_delay = held.begin_time - time.time()
     excluded = sched.add_excluded_nodes(job_id, [bad])
     sched.set_begin_now(job_id)
+    time.sleep(max(0.0, earliest_restart(requeued_at) - time.time()))
     sched.release(job_id)
     t_released = time.monotonic()
     again = _wait("the job to run again", running)

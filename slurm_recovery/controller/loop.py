@@ -30,6 +30,7 @@ from slurm_recovery.decide.model import Incident as CoreIncident
 from slurm_recovery.decide.policy import Policy
 from slurm_recovery.holdmark import hold_mark, parse_hold_mark
 from slurm_recovery.scheduler import Job, Scheduler, SchedulerError, Unreachable
+from slurm_recovery.scheduler.base import earliest_restart
 from slurm_recovery.sidecar.spool import HookSpool
 from slurm_recovery.store import (
     Advice,
@@ -449,6 +450,8 @@ class Reconciler:
                             lambda: self.scheduler.set_begin_now(job_id),
                         ):
                             return True
+                    elif self.clock() < self._earliest_release(incident):
+                        return True  # the previous attempt's credential is still revoked
                     elif not self._step(
                         incident,
                         plan,
@@ -485,6 +488,12 @@ class Reconciler:
                 return False
             job = self.scheduler.get_job(job_id)
         return True
+
+    def _earliest_release(self, incident: Incident) -> float:
+        held_at = self.store.milestones(incident.id).get("held")
+        if held_at is None:  # held just before a crash, before it was recorded: count from now
+            held_at = self.store.add_milestone(incident.id, "held", at=self.clock())
+        return earliest_restart(held_at)
 
     def _mark(self, incident: Incident, plan: Planned, job_id: int) -> bool:
         until = self.clock() + self.hold_deadline

@@ -7,6 +7,7 @@ carrying Slurm's own message, so a failed step is never silent.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -108,6 +109,17 @@ class Node:
     def drained(self) -> bool:
         """True while the node takes no new work (DRAIN set, whether DRAINING or DRAINED)."""
         return "DRAIN" in self.flags
+
+
+def earliest_restart(requeued_at: float) -> float:
+    """The first moment a requeued job may start again on a node of its previous attempt.
+
+    A requeue revokes the job's credential on its nodes at the requeue's whole second, and
+    slurmd refuses a credential created in that same second ("Killing non-startable batch
+    JobId=N: Job credential revoked"; seen on 22.05 with a release 0.15 s after the requeue).
+    Plain Slurm hides this behind its ~121 s requeue delay; we wait for the next second.
+    """
+    return math.floor(requeued_at) + 1.0
 
 
 class SchedulerError(Exception):

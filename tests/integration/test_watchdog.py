@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from slurm_recovery import localcluster
 from slurm_recovery.holdmark import hold_mark
+from slurm_recovery.scheduler.base import earliest_restart
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.watchdog import (
     EXIT_OK,
@@ -80,8 +81,12 @@ def held_job(scheduler, submit, slurm_env, comment: str | None) -> int:
     wait_for(lambda: running(scheduler, job_id))
     if comment is not None:
         set_admin_comment(slurm_env, job_id, comment)
+    requeued_at = time.time()
     scheduler.requeue_hold(job_id)
     wait_for(lambda: held(scheduler, job_id))
+    # In production the watchdog acts hold_deadline after the requeue; these tests act at once,
+    # so wait out the second in which Slurm revoked the previous attempt's credential.
+    time.sleep(max(0.0, earliest_restart(requeued_at) - time.time()))
     return job_id
 
 
