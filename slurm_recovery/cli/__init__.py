@@ -13,6 +13,7 @@ from slurm_recovery import __version__, hostlist
 from slurm_recovery.cli.controller_cmds import advice, explain, report
 from slurm_recovery.cli.demo import demo
 from slurm_recovery.cli.dev import dev
+from slurm_recovery.cli.explain_log import explain_log
 from slurm_recovery.cli.sim import sim
 from slurm_recovery.config import Config, ConfigError, load_config
 from slurm_recovery.scheduler import SchedulerError, Unreachable, open_scheduler
@@ -119,6 +120,7 @@ cli.add_command(report)
 cli.add_command(advice)
 cli.add_command(explain)
 cli.add_command(dev)
+cli.add_command(explain_log)
 cli.add_command(sim)
 cli.add_command(watchdog_command, name="watchdog")
 

@@ -62,6 +62,38 @@ class EvidenceWindow:
     window_after: float = 300.0
 
 
+@dataclass(frozen=True)
+class HangPolicy:
+    """When a running job that stopped making progress is hung (``decide.hang``).
+
+    The deadline adapts to the job: ``interval_multiple`` times the median of its last
+    ``recent_intervals`` intervals between progress reports, at least ``longest_gap_multiple``
+    times the longest pause the attempt already came back from, clamped to [floor, ceiling].
+    Before the first progress report the deadline is ``startup_grace`` after the start.
+    """
+
+    interval_multiple: float = 10.0
+    floor: float = 60.0
+    ceiling: float = 1800.0
+    recent_intervals: int = 20
+    longest_gap_multiple: float = 1.5
+    startup_grace: float = 1800.0
+
+
+@dataclass(frozen=True)
+class StragglerPolicy:
+    """When a running job is a straggler (``decide.straggler``): its throughput, measured over
+    ``rate_interval`` steps of time, stayed at least ``drop_percent`` below the median of the
+    ``baseline_window`` before the drop for ``min_duration``. A rank whose own work per step
+    takes ``rank_lag_percent`` longer than the other ranks' median lags (and names its node)."""
+
+    baseline_window: float = 600.0
+    drop_percent: float = 20.0
+    min_duration: float = 180.0
+    rate_interval: float = 30.0
+    rank_lag_percent: float = 20.0
+
+
 #: Fault classes whose verdicts may implicate nodes (and so may drain them).
 NODE_CLASSES = (FaultClass.HARDWARE, FaultClass.SYSTEM)
 
@@ -95,6 +127,8 @@ class Policy:
     classes: Mapping[FaultClass, ClassPolicy] = field(default_factory=_default_classes)
     blast_radius: BlastRadius = field(default_factory=BlastRadius)
     fatal_evidence_window: EvidenceWindow = field(default_factory=EvidenceWindow)
+    hang: HangPolicy = field(default_factory=HangPolicy)
+    straggler: StragglerPolicy = field(default_factory=StragglerPolicy)
     #: the file it came from, for messages; not part of the value
     source: str = field(default="<defaults>", compare=False)
 
@@ -230,10 +264,80 @@ KEYS: tuple[Key, ...] = (
         "5m",
         "Node evidence up to this long after a failure can explain it (reports arrive late).",
     ),
+    Key(
+        "hang.interval_multiple",
+        "number from 1 to 1000",
+        10.0,
+        "A running job is hung when it made no progress for this many times its recent median "
+        "interval between progress reports (then clamped to floor and ceiling).",
+    ),
+    Key(
+        "hang.floor",
+        "duration, more than 0",
+        "1m",
+        "The shortest no-progress deadline, whatever the job's step interval.",
+    ),
+    Key(
+        "hang.ceiling",
+        "duration, at least hang.floor",
+        "30m",
+        "The longest no-progress deadline, whatever the job's step interval.",
+    ),
+    Key(
+        "hang.recent_intervals",
+        "whole number, 1 or more",
+        20,
+        "The median interval is taken over this many of the job's latest intervals between "
+        "progress reports.",
+    ),
+    Key(
+        "hang.longest_gap_multiple",
+        "number from 0 to 1000",
+        1.5,
+        "The deadline is also at least this many times the longest pause the attempt already "
+        "came back from (a checkpoint save, an evaluation). 0 turns this off.",
+    ),
+    Key(
+        "hang.startup_grace",
+        "duration, more than 0",
+        "30m",
+        "A job that has reported no progress yet is hung this long after it started.",
+    ),
+    Key(
+        "straggler.baseline_window",
+        "duration, more than 0",
+        "10m",
+        "The job's baseline throughput is its median over this long before the drop.",
+    ),
+    Key(
+        "straggler.drop_percent",
+        "number from 0 to 100 (more than 0)",
+        20.0,
+        "A drop of at least this many percent below the baseline counts.",
+    ),
+    Key(
+        "straggler.min_duration",
+        "duration, more than 0",
+        "3m",
+        "The drop must last this long before the job is reported as a straggler.",
+    ),
+    Key(
+        "straggler.rate_interval",
+        "duration, more than 0",
+        "30s",
+        "Throughput is measured over consecutive intervals of this length.",
+    ),
+    Key(
+        "straggler.rank_lag_percent",
+        "number from 0 to 1000 (more than 0)",
+        20.0,
+        "A rank whose own work per step takes this many percent longer than the median of the "
+        "other ranks lags, and its node is named.",
+    ),
 )
 
 _TOP_LEVEL = ("mode", "max_restarts", "max_excluded_nodes", "do_not_requeue_exit_codes")
-_SECTIONS = ("partitions", "classes", "blast_radius", "fatal_evidence_window")
+_SECTIONS = ("partitions", "classes", "blast_radius", "fatal_evidence_window", "hang", "straggler")
 _NODE_CLASS_KEYS = ("action", "drain", "drain_min_confidence")
 _CLASS_KEYS = {
     fault_class: _NODE_CLASS_KEYS if fault_class in NODE_CLASSES else ("action",)
@@ -242,6 +346,21 @@ _CLASS_KEYS = {
 _SECTION_KEYS = {
     "blast_radius": ("max_nodes", "max_percent", "window"),
     "fatal_evidence_window": ("window_before", "window_after"),
+    "hang": (
+        "interval_multiple",
+        "floor",
+        "ceiling",
+        "recent_intervals",
+        "longest_gap_multiple",
+        "startup_grace",
+    ),
+    "straggler": (
+        "baseline_window",
+        "drop_percent",
+        "min_duration",
+        "rate_interval",
+        "rank_lag_percent",
+    ),
 }
 
 
@@ -278,6 +397,25 @@ def _bounded_number(low: float, high: float) -> Validator:
         number = float(value)
         if math.isnan(number) or not low <= number <= high:
             raise ValueError(f"must be from {low:g} to {high:g}")
+        return number
+
+    return check
+
+
+def _positive_count(value: Any) -> int:
+    count = _count(value)
+    if count < 1:
+        raise ValueError("must be 1 or more")
+    return count
+
+
+def _positive_number(high: float) -> Validator:
+    bounded = _bounded_number(0.0, high)
+
+    def check(value: Any) -> float:
+        number = bounded(value)
+        if number <= 0:
+            raise ValueError(f"must be more than 0 (and at most {high:g})")
         return number
 
     return check
@@ -328,6 +466,17 @@ _VALIDATORS: Mapping[str, Validator] = MappingProxyType(
         "window": _duration_above_zero,
         "window_before": _duration,
         "window_after": _duration,
+        "interval_multiple": _bounded_number(1.0, 1000.0),
+        "floor": _duration_above_zero,
+        "ceiling": _duration_above_zero,
+        "recent_intervals": _positive_count,
+        "longest_gap_multiple": _bounded_number(0.0, 1000.0),
+        "startup_grace": _duration_above_zero,
+        "baseline_window": _duration_above_zero,
+        "drop_percent": _positive_number(100.0),
+        "min_duration": _duration_above_zero,
+        "rate_interval": _duration_above_zero,
+        "rank_lag_percent": _positive_number(1000.0),
     }
 )
 
@@ -443,6 +592,7 @@ def policy_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Policy:
                 checked = check(f"{name}.{key}", key, item)
                 if checked is not None:
                     sections[name][key] = checked
+    _check_hang_bounds(source, sections["hang"], problems)
     if problems:
         raise PolicyError(*problems)
     return Policy(
@@ -456,8 +606,20 @@ def policy_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Policy:
         classes=MappingProxyType(classes),
         blast_radius=BlastRadius(**sections["blast_radius"]),
         fatal_evidence_window=EvidenceWindow(**sections["fatal_evidence_window"]),
+        hang=HangPolicy(**sections["hang"]),
+        straggler=StragglerPolicy(**sections["straggler"]),
         source=source,
     )
+
+
+def _check_hang_bounds(source: str, hang: Mapping[str, Any], problems: list[str]) -> None:
+    floor = hang.get("floor", HangPolicy.floor)
+    ceiling = hang.get("ceiling", HangPolicy.ceiling)
+    if floor > ceiling:
+        problems.append(
+            f"{source}: hang.ceiling = {ceiling:g}s is below hang.floor = {floor:g}s: the "
+            "deadline would have no room; raise hang.ceiling or lower hang.floor"
+        )
 
 
 def _partitions(

@@ -1,0 +1,992 @@
+"""Log signatures: recognise the lines of job output and kernel logs that say why a job failed.
+
+Three parts, all pure except loading the catalogue file:
+
+- :func:`load_signatures` reads the catalogue (``signals/data/signatures.toml``, data an admin
+  can read and extend) and checks every entry, including that its example line is recognised;
+- :meth:`SignatureCatalogue.scan` (and :func:`scan`) turn lines into :class:`Match` values. A
+  combined literal prefilter skips ordinary lines at C speed; only lines holding a keyword are
+  tried against the signatures' patterns, first match wins. NVRM Xid lines go through the
+  kmsg XID parser and the XID catalogue;
+- :func:`classify` turns matches into a :class:`LogVerdict`: the first failure in time across
+  ranks is the root; knock-on symptoms never blame; an application bug never blames a node.
+
+``srecovery explain-log`` and the sidecar's job-log follower use the same functions.
+"""
+
+from __future__ import annotations
+
+import calendar
+import difflib
+import json
+import os
+import re
+import time
+import tomllib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from slurm_recovery.config import ConfigError
+from slurm_recovery.decide.catalogue import XidCatalogue, load_xid_catalogue
+from slurm_recovery.sidecar.sources.kmsg import parse_xid_line
+
+__all__ = [
+    "ACTIONS",
+    "CLASSES",
+    "LogVerdict",
+    "Match",
+    "Signature",
+    "SignatureCatalogue",
+    "SignatureError",
+    "classify",
+    "evidence_payload",
+    "load_signatures",
+    "nested_quantifiers",
+    "read_log",
+    "scan",
+]
+
+CLASSES = ("hardware", "system", "application", "unknown")
+ACTIONS = ("requeue_exclude", "requeue", "stop", "none")
+PARSERS = ("regex", "xid")
+_KEYS = (
+    "id",
+    "description",
+    "keywords",
+    "pattern",
+    "class",
+    "category",
+    "action",
+    "knock_on",
+    "decisive",
+    "blame_node",
+    "example",
+    "parser",
+    "knock_on_xids",
+)
+_REQUIRED = ("id", "description", "keywords", "class", "category", "action", "example")
+_ID = re.compile(r"^[a-z][a-z0-9_]*\.[a-z0-9_]+$")
+#: Longest line kept in a match (a log line can be megabytes of tensor dump).
+MAX_TEXT = 500
+#: Lines joined per block when scanning an iterable of lines.
+_BATCH = 4096
+#: Bytes read per block when scanning a file.
+_CHUNK = 8 << 20
+
+
+class SignatureError(ConfigError):
+    """The signature catalogue cannot be used. One line per problem: file, entry, key, fix."""
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One catalogue entry (see the catalogue file's header for each key)."""
+
+    id: str
+    description: str
+    keywords: tuple[str, ...]
+    regex: re.Pattern[str] | None
+    fault_class: str
+    category: str
+    action: str
+    example: str
+    knock_on: bool = False
+    decisive: bool = False
+    blame_node: bool = False
+    parser: str = "regex"
+    knock_on_xids: frozenset[int] = frozenset()
+
+    @property
+    def pattern(self) -> str:
+        return self.regex.pattern if self.regex is not None else ""
+
+
+@dataclass(frozen=True)
+class Match:
+    """A recognised line. ``line_no`` counts from 1 in its ``source``; ``timestamp`` is epoch
+    seconds when the line carries a wall-clock time (naive times are read as UTC; a syslog or
+    PyTorch time without a year gets the scan's year); ``xid`` is set for XID lines."""
+
+    signature_id: str
+    line_no: int
+    text: str
+    host: str | None = None
+    rank: int | None = None
+    gpu: int | None = None
+    timestamp: float | None = None
+    source: str | None = None
+    xid: int | None = None
+    #: the line's time carries no year (syslog, PyTorch's glog prefix): the year was assumed
+    year_assumed: bool = False
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What one match means: its signature's facts, refined by the XID catalogue for XIDs."""
+
+    fault_class: str
+    category: str
+    action: str
+    knock_on: bool
+    decisive: bool
+    blame_node: bool
+    label: str
+
+
+@dataclass(frozen=True)
+class LogVerdict:
+    """The classification of a failed job's logs.
+
+    ``fault_domain`` is whose fault (hardware | system | application | unknown), ``category``
+    where (the root signature's category: gpu, interconnect, user_code, ...; ``none`` when
+    nothing was recognised), ``blame_nodes`` the nodes implicated, ``action`` what to do,
+    ``signatures`` the decisive lines (the root first), each ``{id, line_no, text}``.
+    """
+
+    category: str
+    fault_domain: str
+    blame_nodes: list[str] = field(default_factory=list)
+    action: str = "none"
+    signatures: list[dict[str, Any]] = field(default_factory=list)
+    cause: str = ""
+    sources: list[str | None] = field(default_factory=list, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``srecovery explain-log --json`` object (exactly these keys)."""
+        return {
+            "category": self.category,
+            "fault_domain": self.fault_domain,
+            "blame_nodes": list(self.blame_nodes),
+            "action": self.action,
+            "signatures": [dict(s) for s in self.signatures],
+        }
+
+
+# ------------------------------------------------------------------------ line context
+
+_MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
+_ISO = re.compile(
+    r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[T ](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
+    r"(?:[.,](?P<f>\d{1,9}))?(?P<tz>Z|[+-]\d\d:?\d\d)?"
+)
+_SYSLOG = re.compile(
+    r"^(?P<mon>[A-Z][a-z]{2}) {1,2}(?P<d>\d{1,2}) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
+    r"(?:\.(?P<f>\d{1,9}))? (?P<host>[A-Za-z0-9][\w.-]{0,62}) [\w./@()-]{1,64}(?:\[\d{1,10}\])?:"
+)
+_ISO_HOST = re.compile(
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? "
+    r"(?P<host>[A-Za-z0-9][\w.-]{0,62}) [\w./@()-]{1,64}(?:\[\d{1,10}\])?:"
+)
+_DMESG_T = re.compile(
+    r"^\[(?:[A-Z][a-z]{2}) (?P<mon>[A-Z][a-z]{2}) {1,2}(?P<d>\d{1,2}) "
+    r"(?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d) (?P<y>\d{4})\]"
+)
+# glog, as PyTorch's C++ side writes it: "[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607]"
+_GLOG = re.compile(
+    r"\[[IWEF](?P<mo>1[0-2]|0?[1-9])(?P<d>\d\d) "
+    r"(?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:\.(?P<f>\d{1,9}))? "
+)
+# NCCL's prefix "host:pid:tid [gpu]" and UCX's "[host:pid:tid:tid]"
+_NCCL_PREFIX = re.compile(
+    r"(?:^|\s)(?P<host>[A-Za-z0-9][\w.-]{0,62}):\d{1,10}:\d{1,10} \[(?P<gpu>\d{1,3})\] "
+)
+_UCX_PREFIX = re.compile(r"\[(?P<host>[A-Za-z0-9][\w.-]{0,62}):\d{1,10}:\d{1,10}:\d{1,10}\]")
+_RANK = re.compile(r"\[(?:[Rr]ank ?(?P<r1>\d{1,7})|PG[^\]]{0,80}? Rank (?P<r2>\d{1,7}))\]")
+_JOURNAL_JSON = '"__REALTIME_TIMESTAMP"'
+
+
+def _fraction(text: str | None) -> float:
+    return float("0." + text) if text else 0.0
+
+
+def _utc(year: int, month: int, day: int, hour: int, minute: int, second: int) -> float | None:
+    try:
+        return float(calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)))
+    except (ValueError, OverflowError):
+        return None
+
+
+def _timestamp(line: str, year: int) -> tuple[float | None, bool]:
+    """Wall-clock time of a log line and whether its year was assumed; ``None`` when the line
+    has none (raw ``dmesg`` uptimes are not wall time)."""
+    head = line[:160]
+    found = _SYSLOG.match(head)
+    if found is not None and found["mon"] in _MONTHS:
+        base = _utc(year, _MONTHS[found["mon"]], int(found["d"]), *_hms(found))
+        return (None if base is None else base + _fraction(found["f"])), True
+    found = _DMESG_T.match(head) or _DMESG_T.search(head[:40])
+    if found is not None and found["mon"] in _MONTHS:
+        when = _utc(int(found["y"]), _MONTHS[found["mon"]], int(found["d"]), *_hms(found))
+        return when, False
+    found = _ISO.search(head)
+    if found is not None and found.start() < 120:
+        base = _utc(int(found["y"]), int(found["mo"]), int(found["d"]), *_hms(found))
+        if base is None:
+            return None, False
+        return base + _fraction(found["f"]) - _tz_offset(found["tz"]), False
+    found = _GLOG.search(head)
+    if found is not None:
+        base = _utc(year, int(found["mo"]), int(found["d"]), *_hms(found))
+        return (None if base is None else base + _fraction(found["f"])), True
+    return None, False
+
+
+def _hms(found: re.Match[str]) -> tuple[int, int, int]:
+    return int(found["h"]), int(found["mi"]), int(found["s"])
+
+
+def _tz_offset(tz: str | None) -> float:
+    if not tz or tz == "Z":
+        return 0.0
+    sign = -1.0 if tz[0] == "-" else 1.0
+    digits = tz[1:].replace(":", "")
+    return sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
+
+
+def _context(line: str) -> tuple[str | None, int | None, int | None]:
+    """Host, rank and GPU that a line's standard prefixes name (syslog/journal host, NCCL's
+    ``host:pid:tid [gpu]``, UCX's ``[host:pid:tid:tid]``, PyTorch's ``[rankN]``)."""
+    host: str | None = None
+    gpu: int | None = None
+    head = line[:200]
+    found = _SYSLOG.match(head) or _ISO_HOST.match(head)
+    if found is not None:
+        host = found["host"]
+    nccl = _NCCL_PREFIX.search(head)
+    if nccl is not None:
+        host = host or nccl["host"]
+        gpu = int(nccl["gpu"])
+    elif host is None:
+        ucx = _UCX_PREFIX.search(head)
+        if ucx is not None:
+            host = ucx["host"]
+    rank_found = _RANK.search(line[:300])
+    rank = None
+    if rank_found is not None:
+        rank = int(rank_found["r1"] or rank_found["r2"])
+    return host, rank, gpu
+
+
+def _journal_json(line: str) -> tuple[str, str | None, float | None] | None:
+    """A ``journalctl -o json`` record: (message, host, time), or ``None``."""
+    if not line.startswith("{") or _JOURNAL_JSON not in line:
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("MESSAGE"), str):
+        return None
+    host = record.get("_HOSTNAME")
+    stamp = record.get("__REALTIME_TIMESTAMP")
+    when = int(stamp) / 1e6 if isinstance(stamp, str) and stamp.isdigit() else None
+    return record["MESSAGE"], host if isinstance(host, str) else None, when
+
+
+# ------------------------------------------------------------------------ the catalogue
+
+
+@dataclass(frozen=True)
+class SignatureCatalogue:
+    """The signatures in catalogue order, the XID catalogue, and the combined prefilter."""
+
+    signatures: tuple[Signature, ...]
+    xids: XidCatalogue
+    source: str = "<code>"
+    _anchors: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _anchor_bytes: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
+    _by_id: Mapping[str, Signature] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        words = {k for s in self.signatures for k in s.keywords}
+        # A keyword that contains another keyword adds nothing to the prefilter.
+        anchors = tuple(sorted(w for w in words if not any(o != w and o in w for o in words)))
+        object.__setattr__(self, "_anchors", anchors)
+        object.__setattr__(self, "_anchor_bytes", tuple(a.encode("utf-8") for a in anchors))
+        object.__setattr__(self, "_by_id", {s.id: s for s in self.signatures})
+
+    @property
+    def anchors(self) -> tuple[str, ...]:
+        """The literal texts the prefilter looks for (the keywords, minus redundant ones)."""
+        return self._anchors
+
+    def candidate(self, line: str) -> bool:
+        """Whether ``line`` holds a keyword (the prefilter, for one line)."""
+        return any(a in line for a in self._anchors)
+
+    def __len__(self) -> int:
+        return len(self.signatures)
+
+    def __iter__(self) -> Iterator[Signature]:
+        return iter(self.signatures)
+
+    def get(self, signature_id: str) -> Signature | None:
+        return self._by_id.get(signature_id)
+
+    # ------------------------------------------------------------------ scanning
+
+    def match_line(
+        self,
+        line: str,
+        line_no: int = 1,
+        *,
+        source: str | None = None,
+        year: int | None = None,
+    ) -> Match | None:
+        """The first signature that recognises ``line`` (no prefilter: callers did it)."""
+        line = line.rstrip("\r\n")
+        host_override: str | None = None
+        when_override: float | None = None
+        journal = _journal_json(line)
+        if journal is not None:
+            line, host_override, when_override = journal
+        for signature in self.signatures:
+            if not any(k in line for k in signature.keywords):
+                continue
+            found = self._recognise(signature, line)
+            if found is None:
+                continue
+            named, xid = found
+            host, rank, gpu = _context(line)
+            host = _group(named, "host") or host_override or host
+            rank_text = _group(named, "rank")
+            gpu_text = _group(named, "gpu")
+            stamp, assumed = when_override, False
+            if stamp is None:
+                stamp, assumed = _timestamp(line, year if year is not None else _this_year())
+            return Match(
+                signature_id=signature.id,
+                line_no=line_no,
+                text=_clip(line.strip()),
+                host=host,
+                rank=int(rank_text) if rank_text and rank_text.isdigit() else rank,
+                gpu=int(gpu_text) if gpu_text and gpu_text.isdigit() else gpu,
+                timestamp=stamp,
+                source=source,
+                xid=xid,
+                year_assumed=assumed and stamp is not None,
+            )
+        return None
+
+    def _recognise(
+        self, signature: Signature, line: str
+    ) -> tuple[Mapping[str, str | None], int | None] | None:
+        if signature.parser == "xid":
+            parsed = parse_xid_line(line)
+            if parsed is None:
+                return None
+            return {}, parsed.xid
+        assert signature.regex is not None
+        found = signature.regex.search(line)
+        if found is None:
+            return None
+        return found.groupdict(), None
+
+    def scan_text(
+        self,
+        text: str | bytes,
+        *,
+        first_line: int = 1,
+        source: str | None = None,
+        year: int | None = None,
+    ) -> Iterator[Match]:
+        """Matches in ``text`` (lines separated by ``\\n``), numbered from ``first_line``.
+
+        The prefilter runs on bytes: one ``bytes.find`` pass per keyword over the block, at
+        memory speed; only the lines holding a keyword are decoded and matched."""
+        data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+        year = year if year is not None else _this_year()
+        starts: set[int] = set()
+        find, rfind = data.find, data.rfind
+        for anchor in self._anchor_bytes:  # one pass per keyword; hits are rare
+            position = find(anchor)
+            while position >= 0:
+                starts.add(rfind(b"\n", 0, position) + 1)
+                end = find(b"\n", position)
+                if end < 0:
+                    break
+                position = find(anchor, end)
+        line_no = first_line
+        counted = 0  # data[:counted] has been counted into line_no
+        for start in sorted(starts):
+            line_no += data.count(b"\n", counted, start)
+            counted = start
+            end = find(b"\n", start)
+            raw = data[start:] if end < 0 else data[start:end]
+            line = raw.decode("utf-8", "replace")
+            found = self.match_line(line, line_no, source=source, year=year)
+            if found is not None:
+                yield found
+
+    def scan(
+        self,
+        lines: Iterable[str | bytes],
+        *,
+        source: str | None = None,
+        year: int | None = None,
+    ) -> Iterator[Match]:
+        """Matches in ``lines`` (one line each, with or without its newline), in order."""
+        batch: list[bytes] = []
+        first = 1
+        for line in lines:
+            raw = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else bytes(line)
+            if raw.endswith(b"\n"):
+                raw = raw[:-1]
+            if b"\n" in raw:
+                raw = raw.replace(b"\n", b" ")
+            batch.append(raw)
+            if len(batch) >= _BATCH:
+                block = b"\n".join(batch)
+                yield from self.scan_text(block, first_line=first, source=source, year=year)
+                first += len(batch)
+                batch = []
+        if batch:
+            block = b"\n".join(batch)
+            yield from self.scan_text(block, first_line=first, source=source, year=year)
+
+    def scan_file(
+        self, path: str | os.PathLike[str], *, source: str | None = None, year: int | None = None
+    ) -> Iterator[Match]:
+        """Matches in a file, read in large blocks (the fast path for big logs). A journald
+        export (``journalctl -o export``) is read record by record (:func:`read_log`)."""
+        name = source if source is not None else str(path)
+        with open(path, "rb") as stream:
+            head = stream.read(64)
+            stream.seek(0)
+            if head.startswith(b"__CURSOR="):
+                yield from self._scan_numbered(read_log(path), source=name, year=year)
+                return
+            first = 1
+            rest = b""
+            while True:
+                chunk = stream.read(_CHUNK)
+                if not chunk:
+                    break
+                data = rest + chunk
+                cut = data.rfind(b"\n")
+                if cut < 0:
+                    rest = data
+                    continue
+                block, rest = data[:cut], data[cut + 1 :]
+                yield from self.scan_text(block, first_line=first, source=name, year=year)
+                first += block.count(b"\n") + 1
+            if rest:
+                yield from self.scan_text(rest, first_line=first, source=name, year=year)
+
+    def _scan_numbered(
+        self, numbered: Iterable[tuple[int, str]], *, source: str, year: int | None
+    ) -> Iterator[Match]:
+        for line_no, line in numbered:
+            if not self.candidate(line):
+                continue
+            found = self.match_line(line, line_no, source=source, year=year)
+            if found is not None:
+                yield found
+
+    # ------------------------------------------------------------------ meaning
+
+    def assess(self, match: Match) -> Assessment:
+        """What ``match`` means. XIDs take class, fatality and action from the XID catalogue;
+        an unknown signature id is an unknown knock-on (never blames)."""
+        signature = self.get(match.signature_id)
+        if signature is None:
+            return Assessment(
+                "unknown", "unknown", "requeue", True, False, False, match.signature_id
+            )
+        if signature.parser == "xid" and match.xid is not None:
+            info = self.xids.assess(match.xid, match.text)
+            klass = info.fault_class.value
+            knock_on = match.xid in signature.knock_on_xids
+            blames = klass in ("hardware", "system") and not knock_on
+            if klass == "application":
+                action = "stop"
+            elif klass == "unknown":
+                action = "requeue"
+            else:
+                action = "requeue_exclude"
+            return Assessment(
+                fault_class=klass,
+                category=signature.category,
+                action=action,
+                knock_on=knock_on,
+                decisive=info.fatal and blames,
+                blame_node=blames,
+                label=info.label,
+            )
+        return Assessment(
+            fault_class=signature.fault_class,
+            category=signature.category,
+            action=signature.action,
+            knock_on=signature.knock_on,
+            decisive=signature.decisive,
+            blame_node=signature.blame_node,
+            label=signature.id,
+        )
+
+
+def _group(named: Mapping[str, str | None], key: str) -> str | None:
+    value = named.get(key)
+    return value if value else None
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
+
+
+def _this_year() -> int:
+    return time.gmtime().tm_year
+
+
+# ------------------------------------------------------------------------ reading logs
+
+
+def read_log(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
+    """``(line_no, line)`` of a log file as admins paste them. A journald export
+    (``journalctl -o export``: ``KEY=value`` records, blank-line separated) becomes one
+    ``<ISO time> <host> <ident>: <message>`` line per record, numbered by its MESSAGE line;
+    any other file is read as lines. Undecodable bytes are replaced, never fatal."""
+    with open(path, "rb") as stream:
+        data = stream.read()
+    text = data.decode("utf-8", "replace")
+    if not text.startswith("__CURSOR="):
+        for number, line in enumerate(text.splitlines(), start=1):
+            yield number, line
+        return
+    record: dict[str, str] = {}
+    message_line = 0
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line:
+            if record:
+                yield message_line, _export_line(record)
+            record, message_line = {}, 0
+            continue
+        key, _, value = line.partition("=")
+        record[key] = value
+        if key == "MESSAGE":
+            message_line = number
+    if record:
+        yield message_line, _export_line(record)
+
+
+def _export_line(record: Mapping[str, str]) -> str:
+    stamp = record.get("__REALTIME_TIMESTAMP", "")
+    when = ""
+    if stamp.isdigit():
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(stamp) / 1e6))
+    host = record.get("_HOSTNAME", "-")
+    ident = record.get("SYSLOG_IDENTIFIER", "journal")
+    return f"{when} {host} {ident}: {record.get('MESSAGE', '')}".strip()
+
+
+# ------------------------------------------------------------------------ classification
+
+
+def _short(host: str) -> str:
+    return host.split(".", 1)[0]
+
+
+def _node_of(
+    match: Match,
+    nodes: Sequence[str] | None,
+    rank_to_node: Mapping[int, str] | None,
+) -> str | None:
+    """The job node a match came from: its host (short name; only a job node when ``nodes``
+    is given), else its rank's node from Slurm's task layout."""
+    known = {_short(n): n for n in nodes} if nodes else None
+    if match.host:
+        short = _short(match.host)
+        if known is None:
+            return short
+        if short in known:
+            return known[short]
+    if rank_to_node is not None and match.rank is not None and match.rank in rank_to_node:
+        node = rank_to_node[match.rank]
+        if known is None or _short(node) in known:
+            return node if known is None else known[_short(node)]
+    return None
+
+
+def classify(
+    matches: Iterable[Match],
+    *,
+    nodes: Sequence[str] | None = None,
+    rank_to_node: Mapping[int, str] | None = None,
+    catalogue: SignatureCatalogue | None = None,
+    limit: int = 20,
+) -> LogVerdict:
+    """The verdict on a failed job's log matches (pure; order of ``matches`` is the reading
+    order, used when lines carry no time).
+
+    - Knock-on symptoms are never the root and never blame a node.
+    - The root is the first failure in time; a *decisive* hardware or system failure
+      (fatal XID, uncorrectable ECC, node failure) beats an earlier application error.
+    - An application root blames no node; a hardware or system root blames the nodes of
+      the matches of its class that blame their node. When weak (non-decisive) evidence
+      blames every node of a multi-node job, it tells nothing apart: no node is blamed.
+    - ``requeue_exclude`` with no node to exclude becomes ``requeue``.
+    """
+    catalogue = catalogue if catalogue is not None else default_catalogue()
+    ordered = list(matches)
+    if not ordered:
+        return LogVerdict(
+            category="none",
+            fault_domain="unknown",
+            action="none",
+            cause="no known failure signature in the log",
+        )
+    ordered = _rebase_years(ordered)
+    assessed = [(m, catalogue.assess(m), i) for i, m in enumerate(ordered)]
+
+    def when(item: tuple[Match, Assessment, int]) -> tuple[bool, float, int]:
+        m, _, index = item
+        return (m.timestamp is None, m.timestamp or 0.0, index)
+
+    primary = sorted((a for a in assessed if not a[1].knock_on), key=when)
+    knock_on = sorted((a for a in assessed if a[1].knock_on), key=when)
+    if not primary:
+        root = knock_on[0][1]
+        lines = [_line(m) for m, _, _ in knock_on[:limit]]
+        return LogVerdict(
+            category=root.category,
+            fault_domain="unknown",
+            action="requeue",
+            signatures=lines,
+            cause=f"only symptoms of a failure elsewhere ({root.label}); no root cause in the log",
+            sources=[m.source for m, _, _ in knock_on[:limit]],
+        )
+    decisive = [a for a in primary if a[1].decisive and a[1].fault_class in ("hardware", "system")]
+    root_item = decisive[0] if decisive else primary[0]
+    root = root_item[1]
+    klass = root.fault_class
+    blame: list[str] = []
+    weak_only = True
+    if klass in ("hardware", "system"):
+        for m, a, _ in primary:
+            if a.fault_class != klass or not a.blame_node:
+                continue
+            node = _node_of(m, nodes, rank_to_node)
+            if node is not None and node not in blame:
+                blame.append(node)
+                weak_only = weak_only and not a.decisive
+        if weak_only and nodes and len(nodes) > 1 and set(blame) >= set(nodes):
+            blame = []
+    action = root.action
+    if action == "requeue_exclude" and not blame:
+        action = "requeue"
+    shown = [root_item] + [a for a in primary if a is not root_item]
+    shown += knock_on
+    lines = [_line(m) for m, _, _ in shown[:limit]]
+    where = f" on {', '.join(sorted(blame))}" if blame else ""
+    return LogVerdict(
+        category=root.category,
+        fault_domain=klass,
+        blame_nodes=sorted(blame),
+        action=action,
+        signatures=lines,
+        cause=f"{root.label}{where}",
+        sources=[m.source for m, _, _ in shown[:limit]],
+    )
+
+
+def _rebase_years(matches: list[Match]) -> list[Match]:
+    """Give yearless times (syslog, glog) the year of the latest time that has one, so that a
+    syslog line compares with Slurm's ISO times; a date that would then lie more than half a
+    year after that time belongs to the year before (logs that span New Year)."""
+    known = [m.timestamp for m in matches if m.timestamp is not None and not m.year_assumed]
+    if not known:
+        return matches
+    latest = max(known)
+    year = time.gmtime(latest).tm_year
+    rebased: list[Match] = []
+    for match in matches:
+        if match.timestamp is None or not match.year_assumed:
+            rebased.append(match)
+            continue
+        when = time.gmtime(match.timestamp)
+        fraction = match.timestamp - int(match.timestamp)
+        stamp = _utc(year, when.tm_mon, when.tm_mday, when.tm_hour, when.tm_min, when.tm_sec)
+        if stamp is not None and stamp - latest > 183 * 86400:
+            stamp = _utc(
+                year - 1, when.tm_mon, when.tm_mday, when.tm_hour, when.tm_min, when.tm_sec
+            )
+        if stamp is None:
+            rebased.append(match)
+            continue
+        rebased.append(replace(match, timestamp=stamp + fraction))
+    return rebased
+
+
+def _line(match: Match) -> dict[str, Any]:
+    return {"id": match.signature_id, "line_no": match.line_no, "text": match.text}
+
+
+def evidence_payload(match: Match, catalogue: SignatureCatalogue | None = None) -> dict[str, Any]:
+    """The ``log_signature`` evidence payload (decide.model) for one match. ``blame_node``
+    is true only for a hardware/system line that is not a knock-on symptom."""
+    catalogue = catalogue if catalogue is not None else default_catalogue()
+    meaning = catalogue.assess(match)
+    payload: dict[str, Any] = {
+        "signature": match.signature_id,
+        "fault_class": meaning.fault_class,
+        "blame_node": bool(meaning.blame_node and not meaning.knock_on),
+        "text": match.text,
+        "knock_on": meaning.knock_on,
+        "category": meaning.category,
+        "line_no": match.line_no,
+    }
+    if match.xid is not None:
+        payload["xid"] = match.xid
+    if match.rank is not None:
+        payload["rank"] = match.rank
+    return payload
+
+
+# ------------------------------------------------------------------------ loading
+
+
+def nested_quantifiers(pattern: str) -> list[str]:
+    """Repeats inside repeats in ``pattern`` (the shape of catastrophic backtracking), as
+    readable fragments; empty when the pattern is safe by this rule."""
+    try:
+        import re._parser as sre_parse  # Python 3.11+
+    except ImportError:  # pragma: no cover - older layout
+        import sre_parse  # type: ignore[no-redef]
+    repeats = {sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT, sre_parse.POSSESSIVE_REPEAT}
+    found: list[str] = []
+
+    def walk(items: Any, inside: bool) -> None:
+        for op, arg in items:
+            if op in repeats:
+                low, high, body = arg
+                unbounded_or_many = high is sre_parse.MAXREPEAT or high > 1
+                if inside and unbounded_or_many:
+                    found.append(f"{{{low},{'' if high is sre_parse.MAXREPEAT else high}}}")
+                walk(body, inside or unbounded_or_many)
+            elif op is sre_parse.SUBPATTERN:
+                walk(arg[-1], inside)
+            elif op is sre_parse.BRANCH:
+                for branch in arg[1]:
+                    walk(branch, inside)
+            elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
+                walk(arg[1], inside)
+            elif op is sre_parse.GROUPREF_EXISTS:
+                walk(arg[1], inside)
+                if arg[2] is not None:
+                    walk(arg[2], inside)
+            elif op is sre_parse.ATOMIC_GROUP:
+                walk(arg, inside)
+
+    walk(sre_parse.parse(pattern), False)
+    return found
+
+
+@lru_cache(maxsize=1)
+def default_catalogue() -> SignatureCatalogue:
+    """The shipped catalogue with the shipped XID catalogue (loaded once)."""
+    return load_signatures()
+
+
+def load_signatures(
+    path: str | os.PathLike[str] | None = None, *, xids: XidCatalogue | None = None
+) -> SignatureCatalogue:
+    """Read and check a signature catalogue; ``None`` reads the one shipped with the package."""
+    xids = xids if xids is not None else load_xid_catalogue()
+    if path is None:
+        resource = resources.files("slurm_recovery.signals") / "data" / "signatures.toml"
+        source = "slurm_recovery/signals/data/signatures.toml"
+        try:
+            text = resource.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise SignatureError(
+                f"{source}: missing from the installed package; reinstall slurm-recovery "
+                "(the package data must include signals/data/*.toml)"
+            ) from None
+        return signatures_from_toml(text, source, xids=xids)
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SignatureError(f"{file}: no such file; check the signature catalogue path") from None
+    except UnicodeDecodeError:
+        raise SignatureError(f"{file}: not UTF-8 text; TOML files must be UTF-8") from None
+    except OSError as exc:
+        raise SignatureError(f"{file}: cannot read it: {exc.strerror or exc}") from None
+    return signatures_from_toml(text, str(file), xids=xids)
+
+
+def signatures_from_toml(
+    text: str, source: str = "<string>", *, xids: XidCatalogue | None = None
+) -> SignatureCatalogue:
+    """Parse and check catalogue ``text``; ``source`` is named in every error."""
+    xids = xids if xids is not None else load_xid_catalogue()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SignatureError(f"{source}: invalid TOML: {exc}") from None
+    problems: list[str] = []
+    for key in data:
+        if key != "signature":
+            problems.append(
+                f"{source}: {key}: unknown key; the catalogue holds only [[signature]] tables"
+                + _hint(key, ["signature"])
+            )
+    tables = data.get("signature", [])
+    if not isinstance(tables, list):
+        problems.append(f"{source}: signature: write each entry as a [[signature]] table")
+        tables = []
+    signatures: list[Signature] = []
+    seen: set[str] = set()
+    for position, table in enumerate(tables, start=1):
+        signature = _entry(source, position, table, problems)
+        if signature is None:
+            continue
+        if signature.id in seen:
+            problems.append(f"{source}: [[signature]] {signature.id}: listed twice; keep one")
+            continue
+        seen.add(signature.id)
+        signatures.append(signature)
+    if problems:
+        raise SignatureError(*problems)
+    catalogue = SignatureCatalogue(tuple(signatures), xids, source)
+    for signature in signatures:
+        found = next(catalogue.scan([signature.example]), None)
+        if found is None or found.signature_id != signature.id:
+            got = "nothing" if found is None else found.signature_id
+            problems.append(
+                f"{source}: [[signature]] {signature.id}: its example is recognised as {got}; "
+                "fix the pattern or keywords, or move the entry before the one that takes it"
+            )
+    if problems:
+        raise SignatureError(*problems)
+    return catalogue
+
+
+def _hint(name: str, options: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _entry(source: str, position: int, table: Any, problems: list[str]) -> Signature | None:
+    where = f"{source}: [[signature]] #{position}"
+    if not isinstance(table, Mapping):
+        problems.append(f"{where}: not a table; write [[signature]] and its keys below it")
+        return None
+    if isinstance(table.get("id"), str):
+        where = f"{source}: [[signature]] {table['id']}"
+    before = len(problems)
+    for key in table:
+        if key not in _KEYS:
+            problems.append(
+                f"{where}: {key}: unknown key{_hint(key, _KEYS)} (keys: {', '.join(_KEYS)})"
+            )
+    for key in _REQUIRED:
+        if key not in table:
+            problems.append(f"{where}: {key} is missing; every entry needs {', '.join(_REQUIRED)}")
+    if len(problems) > before:
+        return None
+    ident = table["id"]
+    if not isinstance(ident, str) or not _ID.match(ident):
+        problems.append(
+            f"{where}: id = {ident!r}: write family.name in lower case (nccl.remote_error)"
+        )
+    for key in ("description", "example", "category"):
+        value = table[key]
+        if not isinstance(value, str) or not value.strip() or "\n" in value:
+            problems.append(f"{where}: {key} = {value!r}: must be a non-empty one-line text")
+    keywords = table["keywords"]
+    if (
+        not isinstance(keywords, list)
+        or not keywords
+        or not all(isinstance(k, str) and k for k in keywords)
+    ):
+        problems.append(f"{where}: keywords: must be a list of non-empty literal texts")
+        keywords = []
+    klass, action = table["class"], table["action"]
+    if klass not in CLASSES:
+        problems.append(
+            f"{where}: class = {klass!r}: must be one of {', '.join(CLASSES)}"
+            + _hint(str(klass), CLASSES)
+        )
+    if action not in ACTIONS:
+        problems.append(
+            f"{where}: action = {action!r}: must be one of {', '.join(ACTIONS)}"
+            + _hint(str(action), ACTIONS)
+        )
+    flags = {}
+    for key in ("knock_on", "decisive", "blame_node"):
+        value = table.get(key, False)
+        if not isinstance(value, bool):
+            problems.append(f"{where}: {key} = {value!r}: must be true or false (no quotes)")
+        flags[key] = value is True
+    if flags["blame_node"] and klass not in ("hardware", "system"):
+        problems.append(
+            f"{where}: blame_node = true with class {klass}: "
+            "only hardware or system lines blame a node"
+        )
+    if flags["knock_on"] and (flags["blame_node"] or flags["decisive"]):
+        problems.append(
+            f"{where}: knock_on = true: a knock-on symptom is neither decisive nor blames a node"
+        )
+    parser = table.get("parser", "regex")
+    if parser not in PARSERS:
+        problems.append(f"{where}: parser = {parser!r}: must be one of {', '.join(PARSERS)}")
+    regex: re.Pattern[str] | None = None
+    if parser == "regex":
+        pattern = table.get("pattern")
+        if not isinstance(pattern, str) or not pattern:
+            problems.append(f"{where}: pattern is missing; a regex signature needs a pattern")
+        else:
+            try:
+                regex = re.compile(pattern)
+            except re.error as exc:
+                problems.append(f"{where}: pattern: not a valid Python regex: {exc}")
+            else:
+                nested = nested_quantifiers(pattern)
+                if nested:
+                    problems.append(
+                        f"{where}: pattern: nested quantifiers ({', '.join(nested)}) can backtrack "
+                        "catastrophically; bound or flatten the inner repeat"
+                    )
+    elif "pattern" in table:
+        problems.append(f"{where}: pattern: not used with parser = {parser!r}; remove it")
+    knock_on_xids = table.get("knock_on_xids", [])
+    if not isinstance(knock_on_xids, list) or not all(
+        isinstance(x, int) and not isinstance(x, bool) for x in knock_on_xids
+    ):
+        problems.append(f"{where}: knock_on_xids: must be a list of XID numbers")
+        knock_on_xids = []
+    elif knock_on_xids and parser != "xid":
+        problems.append(f'{where}: knock_on_xids: only for parser = "xid"')
+    if len(problems) > before:
+        return None
+    return Signature(
+        id=ident,
+        description=table["description"].strip(),
+        keywords=tuple(keywords),
+        regex=regex,
+        fault_class=klass,
+        category=table["category"].strip(),
+        action=action,
+        example=table["example"],
+        knock_on=flags["knock_on"],
+        decisive=flags["decisive"],
+        blame_node=flags["blame_node"],
+        parser=parser,
+        knock_on_xids=frozenset(knock_on_xids),
+    )
+
+
+def scan(
+    lines: Iterable[str | bytes],
+    *,
+    catalogue: SignatureCatalogue | None = None,
+    source: str | None = None,
+    year: int | None = None,
+) -> Iterator[Match]:
+    """Matches in ``lines`` with the shipped catalogue (or ``catalogue``)."""
+    catalogue = catalogue if catalogue is not None else default_catalogue()
+    return catalogue.scan(lines, source=source, year=year)
