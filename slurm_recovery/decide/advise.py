@@ -70,6 +70,9 @@ def advise(
             what = f"{cause}: stop ({verdict.fault_class} fault, not restarted)"
         else:
             what = f"{cause}: no action ({class_rule} = none)"
+    elif not job.requeueable:
+        action, rule = Action.STOP, "job.no_requeue"
+        what = f"{cause}: stop (the job was submitted with --no-requeue)"
     elif restarts_so_far >= policy.max_restarts:
         action, rule = Action.STOP, "max_restarts"
         what = (
@@ -80,7 +83,14 @@ def advise(
         wanted = verdict.nodes if class_policy.action is Action.REQUEUE_EXCLUDE else frozenset()
         restart = f"(restart {restarts_so_far + 1} of {policy.max_restarts})"
         merged = job.excluded_nodes | wanted
-        if wanted and len(merged) > policy.max_excluded_nodes:
+        if wanted & job.required_nodes:
+            action, rule, needs_operator = Action.STOP, "job.required_nodes", True
+            what = (
+                f"{cause}: stop, needs operator: the job may run only on "
+                f"{compress(job.required_nodes)} (--nodelist), which includes "
+                f"{compress(wanted & job.required_nodes)}"
+            )
+        elif wanted and len(merged) > policy.max_excluded_nodes:
             action, rule, needs_operator = Action.STOP, "max_excluded_nodes", True
             what = (
                 f"{cause}: stop, needs operator: excluding {compress(wanted)} would leave the "

@@ -87,6 +87,8 @@ class Job:
     end_time: int = 0
     stdout_path: str | None = None
     admin_comment: str = ""
+    requeueable: bool = True  # False for jobs submitted with --no-requeue
+    required_nodes: frozenset[str] = frozenset()  # --nodelist: the job may run only there
 
     @property
     def active(self) -> bool:

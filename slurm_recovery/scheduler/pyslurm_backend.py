@@ -106,6 +106,8 @@ def job_from_pyslurm(job: Any) -> Job:
         end_time=_int(job.end_time),
         stdout_path=job.standard_output or None,
         admin_comment=_str(job.admin_comment),
+        requeueable=job.is_requeueable is not False,  # job.pyx: is_requeueable (u16 bool)
+        required_nodes=frozenset(expand(job.required_nodes)),  # job.pyx: required_nodes
     )
 
 

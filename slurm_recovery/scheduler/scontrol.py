@@ -98,6 +98,8 @@ def job_from_json(data: dict[str, Any]) -> Job:
             array_task_id=data.get("array_task_id"),
         ),
         admin_comment=data.get("admin_comment", "") or "",
+        requeueable=bool(data.get("requeue", True)),
+        required_nodes=frozenset(hostlist.expand(data.get("required_nodes") or "")),
     )
 
 

@@ -459,3 +459,17 @@ def test_cli_advice_list_and_explain(stacks, submit, scheduler):
         },
     )
     assert down.returncode == 3 and "unreachable" in down.stderr
+
+
+def test_a_no_requeue_job_is_stopped_with_the_reason_and_the_node_drained(
+    stacks, submit, scheduler
+):
+    stack = stacks("act")
+    job_id = submit("-N2", "--no-requeue", "--wrap=sleep 600")
+    bad = wait_for(lambda: running(scheduler, job_id)).nodes[0]
+    stack.report_xid(bad)
+    job = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "CANCELLED" and j)
+    assert "--no-requeue" in job.admin_comment and job.restart_count == 0
+    assert scheduler.get_node(bad).drained
+    (incident,) = wait_for(lambda: [i for i in story_or_none(stack, job_id) if i["outcome"]])
+    assert incident["advice"]["rule"] == "job.no_requeue"

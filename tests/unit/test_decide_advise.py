@@ -342,3 +342,22 @@ def test_the_documented_examples_are_what_advise_says():
     ]
     for advice in examples:
         assert advice.reason in docs, advice.reason
+
+
+# ------------------------------------------------------------------------ the job's own terms
+
+
+def test_a_no_requeue_job_is_stopped_not_requeued_and_the_node_still_drained():
+    advice = decide(hardware("n2"), the_job=job(requeueable=False))
+    assert advice.action is Action.STOP and advice.rule == "job.no_requeue"
+    assert advice.exclude == frozenset() and advice.drain == {"n2"}
+    assert "--no-requeue" in advice.reason
+
+
+def test_a_job_pinned_to_the_bad_node_needs_an_operator():
+    advice = decide(hardware("n2"), the_job=job(required_nodes=frozenset({"n1", "n2"})))
+    assert advice.action is Action.STOP and advice.rule == "job.required_nodes"
+    assert advice.needs_operator and advice.exclude == frozenset()
+    assert "may run only on n[1-2] (--nodelist), which includes n2" in advice.reason
+    pinned_elsewhere = decide(hardware("n2"), the_job=job(required_nodes=frozenset({"n1"})))
+    assert pinned_elsewhere.action is Action.REQUEUE_EXCLUDE

@@ -149,7 +149,7 @@ def test_cluster_name_and_version_come_from_slurmctld_config(sched, world):
 
 
 def test_running_job_translates_every_field(sched, world):
-    running_job(world, admin_comment="seen before")
+    running_job(world, admin_comment="seen before", is_requeueable=False, required_nodes="n[1-2]")
     assert sched.get_job(7) == Job(
         job_id=7,
         name="train",
@@ -169,6 +169,8 @@ def test_running_job_translates_every_field(sched, world):
         end_time=1_700_086_410,
         stdout_path="/home/alice/train-7.out",
         admin_comment="seen before",
+        requeueable=False,
+        required_nodes=frozenset({"n1", "n2"}),
     )
     assert world.calls == [("Job.load", 7)]
 

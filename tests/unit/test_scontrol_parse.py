@@ -44,6 +44,7 @@ def test_recorded_22_05_jobs():
     assert held.restart_count == 1
     assert held.excluded_nodes == {"n1", "n2"}
     assert held.nodes == ()
+    assert all(j.requeueable and j.required_nodes == frozenset() for j in jobs.values())
 
 
 def test_recorded_22_05_nodes():
@@ -74,6 +75,8 @@ def test_newer_slurm_shapes():
             },
             "excluded_nodes": "gpu[01-03]",
             "standard_output": "/o/%j.out",
+            "requeue": False,
+            "required_nodes": "gpu[01-02]",
         }
     )
     assert job.state == "PENDING" and job.held and job.restart_count == 2
@@ -81,6 +84,7 @@ def test_newer_slurm_shapes():
     assert job.exit_code == ExitCode(0, 9)
     assert job.excluded_nodes == {"gpu01", "gpu02", "gpu03"}
     assert job.stdout_path == "/o/9.out"
+    assert not job.requeueable and job.required_nodes == {"gpu01", "gpu02"}
     node = node_from_json({"name": "g1", "state": ["IDLE", "DRAIN"], "reason": "r"})
     assert node.state == "IDLE" and node.drained
 

@@ -101,6 +101,8 @@ JOB_FIELDS = (
     "exit_code_signal",
     "admin_comment",
     "standard_output",
+    "is_requeueable",  # job.pyx:742
+    "required_nodes",  # job.pyx:846
 )
 
 #: node.pyx: properties with a setter (l.424-669); others are read-only.
