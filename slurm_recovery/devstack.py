@@ -143,6 +143,7 @@ def up(
     port_base: int = DEV_PORT_BASE,
     api_port: int = DEV_API_PORT,
     gpus_per_node: int = 8,
+    policy_extra: str = "",
 ) -> DevStack:
     """Cluster (with the hooks in its slurm.conf), controller, watchdog and one sidecar per
     node with simulated GPUs; idempotent."""
@@ -153,7 +154,7 @@ def up(
     spec = localcluster.ClusterSpec(
         base=base / "cluster", nodes=nodes, port_base=port_base, name="srdev"
     )
-    write_policy(base / "policy.toml", mode)
+    write_policy(base / "policy.toml", mode, policy_extra)
     config = write_config(base, spec, api_port, gpus_per_node=gpus_per_node)
     wrappers = write_hook_wrappers(base / "hooks", config)
     spec.extra_conf = slurm_conf_lines(wrappers)

@@ -24,6 +24,7 @@ from slurm_recovery.decide.advise import advise, after_drains
 from slurm_recovery.decide.attribute import attribute
 from slurm_recovery.decide.catalogue import XidCatalogue
 from slurm_recovery.decide.detect import detect
+from slurm_recovery.decide.hang import hang_incidents
 from slurm_recovery.decide.model import Action, ClusterView, Mode, Verdict
 from slurm_recovery.decide.model import Evidence as CoreEvidence
 from slurm_recovery.decide.model import Incident as CoreIncident
@@ -204,7 +205,10 @@ class Reconciler:
             for job in view.jobs.values()
             if job.submit_time in self._handled.get((job.job_id, job.restart_count), ())
         }
-        for found in detect(view, evidence, known, self.catalogue, self.policy):
+        found_now = detect(view, evidence, known, self.catalogue, self.policy)
+        crashed = {(i.job_id, i.restart_count) for i in found_now}
+        found_now += hang_incidents(view, evidence, known | crashed, self.policy)
+        for found in found_now:
             drains = self._open(found, view.jobs[found.job_id], view, evidence)
             view = after_drains(view, drains)  # the blast radius counts this pass's drains
 
@@ -251,7 +255,7 @@ class Reconciler:
                 decision=str(advice.action),
                 reason=advice.reason,
                 verdict=details,
-                evidence_ids=verdict.evidence_ids,
+                evidence_ids=sorted({*verdict.evidence_ids, *found.trigger_ids}),
                 created_at=advised,
             )
             self.store.add_milestone(incident.id, "advised", at=advised)
@@ -268,7 +272,7 @@ class Reconciler:
                     "mode": str(advice.mode),
                     "reason": advice.reason,
                     "rule": advice.rule,
-                    "evidence_ids": list(verdict.evidence_ids),
+                    "evidence_ids": sorted({*verdict.evidence_ids, *found.trigger_ids}),
                 },
                 ts=advised,
             )

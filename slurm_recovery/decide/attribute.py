@@ -320,7 +320,9 @@ def _unknown(
             cause=cause,
         )
     cause = _cause(unknown) if unknown else "no evidence of the cause"
-    if incident.kind is IncidentKind.CRASH and not unknown:
+    if incident.kind is IncidentKind.HANG and not unknown:
+        cause = incident.summary or "no progress past the deadline"
+    elif incident.kind is IncidentKind.CRASH and not unknown:
         cause = f"no evidence of the cause (job ended {job.state}, exit {job.exit_code})"
     return Verdict(
         fault_class=FaultClass.UNKNOWN,

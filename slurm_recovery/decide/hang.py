@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from slurm_recovery.decide.policy import HangPolicy
+from slurm_recovery.decide.model import ClusterView, Evidence, Incident, IncidentKind
+from slurm_recovery.decide.policy import HangPolicy, Policy
 
 #: Samples this many seconds before the attempt's start still belong to it (clock skew between
 #: nodes and the head node, whole-second start times); older ones are a previous attempt's.
@@ -198,3 +199,64 @@ def _seconds(value: float) -> str:
     if value >= 120:
         return f"{value / 60:.1f} min"
     return f"{value:.1f} s"
+
+
+def progress_samples(evidence: Iterable[Evidence], job_id: int) -> list[ProgressSample]:
+    """The ``progress`` evidence of one job as samples (``payload.ts`` when the sender knew
+    when the step was reached, else when it was observed)."""
+    samples = []
+    for ev in evidence:
+        if ev.kind != "progress" or ev.job_id != job_id:
+            continue
+        step = ev.payload.get("step")
+        if type(step) is not int:
+            continue
+        ts = ev.payload.get("ts")
+        rank = ev.payload.get("rank")
+        samples.append(
+            ProgressSample(
+                ts=float(ts) if type(ts) in (int, float) else ev.observed_at,
+                step=step,
+                rank=rank if type(rank) is int else None,
+                node=ev.node,
+            )
+        )
+    return samples
+
+
+def hang_incidents(
+    view: ClusterView,
+    evidence: Sequence[Evidence],
+    open_or_done: Collection[tuple[int, int]],
+    policy: Policy,
+) -> list[Incident]:
+    """HANG incidents for running jobs that report progress and stopped making it.
+
+    A job that never reported progress is not judged: without a progress source there is
+    nothing to measure (its crashes are still detected)."""
+    found = []
+    for job_id in sorted(view.jobs):
+        job = view.jobs[job_id]
+        if job.state != "RUNNING" or (job_id, job.restart_count) in open_or_done:
+            continue
+        samples = progress_samples(evidence, job_id)
+        if not samples:
+            continue
+        finding = detect_hang(job_id, samples, float(job.start_time), view.now, policy.hang)
+        if finding is None:
+            continue
+        ids = tuple(
+            sorted(ev.id for ev in evidence if ev.kind == "progress" and ev.job_id == job_id)
+        )[-5:]
+        found.append(
+            Incident(
+                job_id,
+                job.restart_count,
+                job.submit_time,
+                IncidentKind.HANG,
+                failed_at=finding.hung_since,
+                trigger_ids=ids,
+                summary=finding.summary,
+            )
+        )
+    return found

@@ -28,6 +28,7 @@ class IncidentKind(StrEnum):
     CRASH = "crash"  # the job ended in failure
     DOOMED = "doomed"  # a fatal fault hit a node of a running job: restart it away now
     APP_FAULT = "app_fault"  # the application reported its own fatal error while running
+    HANG = "hang"  # a running job stopped making progress for longer than its deadline
 
 
 class Action(StrEnum):
@@ -56,6 +57,8 @@ class Evidence:
     - ``xid``: an NVIDIA XID on ``node``/``gpu`` [xid: int, message: str]
     - ``operator_report``: an operator says ``node`` is bad [reason: str, xid?: int]
     - ``job_end``: a job ended [state: str, exit_code: int, signal: int]
+    - ``progress``: the latest training step a rank of ``job_id`` reached [step: int,
+      rank?: int, ts?: float (when it was reached), origin: "log"|"file"]
     - ``log_signature``: a recognised log line for ``job_id`` [signature: str,
       fault_class: str, blame_node: bool, text: str] (the signals issue produces these)
     - ``node_state``: what Slurm showed for ``node`` (source ``scheduler``) [state: str,

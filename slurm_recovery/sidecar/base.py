@@ -18,6 +18,8 @@ from typing import Any, Protocol
 #: - ``job_start``    {nodes, gpus?, stdout?, stderr?, restart_count, context}
 #: - ``job_end``      {exit_code, signal, derived_exit_code?, restart_count, nodes, context}
 #: - ``sidecar_status`` {dropped, queued, sources: {name: "ok"|error text}}
+#: - ``progress``     {step, ts, rank?, origin: "log"} (job-log follower, per job)
+#: - ``log_signature``{signature, fault_class, blame_node, text, knock_on, ...} (ditto)
 KINDS = (
     "xid",
     "gpu_finding",
@@ -97,5 +99,6 @@ class Source(Protocol):
 #: up to" here, so a crash or a full disk between the two never loses a finding);
 #: ``status() -> str`` — "ok" or what is wrong, for the ``sidecar_status`` event;
 #: ``set_gpus(inventory)`` — the GPU inventory, for sources that map PCI ids to GPU indexes;
-#: ``role`` — the sender role for its events ("sidecar", or "hook" for the hook spool).
-OPTIONAL_SOURCE_METHODS = ("commit", "status", "set_gpus", "role")
+#: ``role`` — the sender role for its events ("sidecar", or "hook" for the hook spool);
+#: ``see(findings)`` — every finding the sidecar queued (the job-log follower learns of jobs).
+OPTIONAL_SOURCE_METHODS = ("commit", "status", "set_gpus", "role", "see")

@@ -247,6 +247,10 @@ class Sidecar:
                 continue
             good.append((role, event))
         self.outbox.append(good)
+        for source in self.registry.fast:  # e.g. the job-log follower learns of job starts
+            see = getattr(source, "see", None)
+            if see is not None:
+                see(findings)
         if self.health.observe(findings):
             self._write_health(time.time())
         if good:

@@ -29,6 +29,7 @@ GPU_BACKENDS = {
 KMSG_SOURCE = "slurm_recovery.sidecar.sources.kmsg:KmsgSource"
 INFINIBAND_SOURCE = "slurm_recovery.sidecar.sources.infiniband:InfinibandSource"
 SIM_XID_SOURCE = "slurm_recovery.sidecar.sim:SimXidSource"
+JOBLOG_SOURCE = "slurm_recovery.sidecar.sources.joblog:JobLogSource"
 
 
 def load(target: str) -> Any:
@@ -96,6 +97,7 @@ def build(sidecar: SidecarConfig, node: str, spool_dir: Path) -> Registry:
     if sidecar.ib_sysfs:
         attempt("infiniband", lambda: load(INFINIBAND_SOURCE)(sidecar.ib_sysfs))
     attempt("hook_spool", lambda: SpoolSource(HookSpool(spool_dir), node))
+    attempt("joblog", lambda: load(JOBLOG_SOURCE)(node))
     return registry
 
 
