@@ -8,6 +8,7 @@ line; the next one reads the store and Slurm and carries on without doing a step
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -149,6 +150,24 @@ class Reconciler:
         self.last_tick: float | None = None
         self.last_error: str = ""
         self.last_view: ClusterView | None = None
+        self.epoch = self._record_start()
+
+    def _record_start(self) -> float:
+        """Audit this start; return when this store's controller first started (its epoch).
+
+        Jobs that ended before the epoch are history, not incidents: a controller deployed (or
+        given a new store) does not requeue every job that failed in the last minutes. Jobs
+        that ended while a controller with this store was down are after the epoch, so a
+        restarted controller still recovers them."""
+        first = self.store.audit_rows(limit=1)
+        row = self.store.append_audit(
+            "controller",
+            "controller_started",
+            f"cluster {self.cluster}",
+            {"pid": os.getpid()},
+            ts=self.clock(),
+        )
+        return first[0].ts if first else row.ts
 
     # --- the pass --------------------------------------------------------------------
 
@@ -205,7 +224,15 @@ class Reconciler:
             for job in view.jobs.values()
             if job.submit_time in self._handled.get((job.job_id, job.restart_count), ())
         }
-        found_now = detect(view, evidence, known, self.catalogue, self.policy)
+        recent = dataclasses.replace(
+            view,
+            jobs={
+                job_id: job
+                for job_id, job in view.jobs.items()
+                if job.active or job.end_time >= self.epoch
+            },
+        )
+        found_now = detect(recent, evidence, known, self.catalogue, self.policy)
         crashed = {(i.job_id, i.restart_count) for i in found_now}
         found_now += hang_incidents(view, evidence, known | crashed, self.policy)
         for found in found_now:

@@ -343,7 +343,7 @@ def test_forged_replayed_stale_and_wrong_node_credentials_are_rejected(stacks, l
     assert _post(stack.url, body, not_operator) == 403  # not an operator
     with Store.open(stack.db, readonly=True) as store:
         assert store.find_evidence() == []
-        assert store.audit_rows() == []
+        assert [r.kind for r in store.audit_rows()] == ["controller_started"]
 
     # (``good`` was spent above: decoding a credential consumes it, whatever happens next)
     genuine = requests.sign("POST", "/v1/evidence", body, role="operator", socket=sock)
@@ -473,3 +473,20 @@ def test_a_no_requeue_job_is_stopped_with_the_reason_and_the_node_drained(
     assert scheduler.get_node(bad).drained
     (incident,) = wait_for(lambda: [i for i in story_or_none(stack, job_id) if i["outcome"]])
     assert incident["advice"]["rule"] == "job.no_requeue"
+
+
+def test_jobs_that_ended_before_the_first_start_are_history_not_incidents(
+    stacks, submit, scheduler
+):
+    old = submit("-N1", "--wrap=exit 1")
+    wait_for(lambda: scheduler.get_job(old).state == "FAILED")
+    stack = stacks("act")  # a new deployment: a store of its own
+    new = submit("-N1", "--wrap=sleep 1; exit 1")
+    wait_for(lambda: story_or_none(stack, new), timeout=30)  # failing after the start: handled
+    assert story_or_none(stack, old) == []
+    assert scheduler.get_job(old).restart_count == 0
+    stack.stop()
+    stack.start()  # a restart with the same store keeps the first start as its epoch
+    audit = stack.client.get("/v1/audit")["audit"]
+    assert [r["kind"] for r in audit].count("controller_started") == 2
+    assert story_or_none(stack, old) == []

@@ -142,7 +142,8 @@ def test_a_job_within_its_deadline_stays_held_until_it_passes(
     assert not (tmp_path / RELEASES_FILE).exists()
     # One second past the deadline (as the watchdog's clock will say in an hour), it goes.
     released = sweep(scheduler, now=until + 1, spool=tmp_path)
-    assert [r.job_id for r in released] == [job_id]
+    # an hour ahead, any other marked job still held on the shared cluster goes too
+    assert job_id in [r.job_id for r in released]
     wait_for(lambda: running(scheduler, job_id), timeout=20)
 
 

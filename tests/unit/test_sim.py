@@ -334,7 +334,7 @@ def test_registry_wires_sim_xids_and_the_spool_fast_and_the_gpus_slow(tmp_path):
     config = sidecar_config(tmp_path)
     wired = registry.build(config, "n2", config.spool_path("n2"))
     try:
-        assert [s.name for s in wired.fast] == ["sim_xid", "hook_spool"]
+        assert [s.name for s in wired.fast] == ["sim_xid", "hook_spool", "joblog"]
         assert [s.name for s in wired.slow] == ["sim"]
         assert isinstance(wired.gpu, SimBackend) and wired.broken == {}
         assert (tmp_path / "spool" / "n2" / "events" / "bad").is_dir()
@@ -344,7 +344,7 @@ def test_registry_wires_sim_xids_and_the_spool_fast_and_the_gpus_slow(tmp_path):
 
 def test_registry_with_no_gpus(tmp_path):
     wired = registry.build(sidecar_config(tmp_path, gpu_backend="none"), "n2", tmp_path / "s")
-    assert wired.gpu is None and [s.name for s in wired.sources] == ["hook_spool"]
+    assert wired.gpu is None and [s.name for s in wired.sources] == ["hook_spool", "joblog"]
 
 
 def test_a_source_that_cannot_open_is_reported_not_fatal(tmp_path, monkeypatch):
@@ -352,7 +352,7 @@ def test_a_source_that_cannot_open_is_reported_not_fatal(tmp_path, monkeypatch):
     wired = registry.build(sidecar_config(tmp_path, gpu_backend="nvml"), "n2", tmp_path / "s")
     assert wired.gpu is None
     assert "nvml" in wired.broken and "cannot open" in wired.broken["nvml"]
-    assert [s.name for s in wired.sources] == ["hook_spool"]
+    assert [s.name for s in wired.sources] == ["hook_spool", "joblog"]
 
 
 # --- health.json from what the sim reports ----------------------------------------------------
