@@ -15,19 +15,17 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import stat
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from slurm_recovery.controller.wire import WireError, parse_event
+from slurm_recovery.hooks import EVENTS_DIR, spool_event
 from slurm_recovery.sidecar.base import Finding
 
 log = logging.getLogger(__name__)
 
-EVENTS_DIR = "events"
 BAD_DIR = "bad"
 SUFFIX = ".json"
 TMP_SUFFIX = ".tmp"
@@ -62,31 +60,10 @@ class HookSpool:
     # --- writing (hooks, tests) -------------------------------------------------------------
 
     def put(self, event: Mapping[str, Any]) -> Path:
-        """Write one event durably (tmp file, fsync, rename, fsync the directory); its path.
-
-        Names sort by creation time, so the sidecar sends events in the order they were put.
-        """
-        self.events_dir.mkdir(parents=True, exist_ok=True)
-        name = f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(4)}"
-        final = self.events_dir / (name + SUFFIX)
-        tmp = self.events_dir / (name + SUFFIX + TMP_SUFFIX)
-        data = json.dumps(dict(event), separators=(",", ":")).encode()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o644)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(self.events_dir)
-        return final
+        """Write one event exactly as the hooks do (``slurm_recovery.hooks.spool_event``:
+        tmp file, fsync, rename, fsync the directory); its path. Names sort by creation time,
+        so the sidecar sends events in the order they were put."""
+        return Path(spool_event(self.events_dir.parent, event))
 
     # --- reading (the sidecar) --------------------------------------------------------------
 
