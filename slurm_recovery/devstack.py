@@ -102,8 +102,10 @@ ib_sysfs = ""
     return config
 
 
-def start_controller(config: Path, log: Path, *, env: dict[str, str] | None = None) -> int:
-    argv = [sys.executable, "-m", "slurm_recovery.controller", "--config", str(config)]
+def start_controller(
+    config: Path, log: Path, *, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> int:
+    argv = [sys.executable, "-m", "slurm_recovery.controller", "--config", str(config), *args]
     return localcluster.spawn_daemon(argv, log, {**os.environ, **(env or {})})
 
 

@@ -41,8 +41,10 @@ class Stack:
     def db(self) -> Path:
         return self.base / "state.db"
 
-    def start(self, env: dict[str, str] | None = None) -> None:
-        self.pid = devstack.start_controller(self.config, self.base / "controller.log", env=env)
+    def start(self, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
+        self.pid = devstack.start_controller(
+            self.config, self.base / "controller.log", env=env, args=args
+        )
         devstack.wait_healthy(self.url, pid=self.pid)
 
     def stop(self) -> None:
@@ -490,3 +492,16 @@ def test_jobs_that_ended_before_the_first_start_are_history_not_incidents(
     audit = stack.client.get("/v1/audit")["audit"]
     assert [r["kind"] for r in audit].count("controller_started") == 2
     assert story_or_none(stack, old) == []
+
+
+def test_insecure_mode_is_explicit_and_loud(stacks):
+    stack = stacks("monitor", start=False)
+    stack.start(args=("--insecure-no-auth",))
+    body = json.dumps(
+        {"events": [event_to_json("xid", time.time(), node="n1", payload=FALLEN_OFF)]}
+    ).encode()
+    assert _post(stack.url, body, {}) == 202  # no credential needed: development only
+    with urllib.request.urlopen(f"{stack.url}/healthz", timeout=5) as resp:
+        assert json.loads(resp.read())["auth"] == "off (development only)"
+    log = stack.log()
+    assert "AUTHENTICATION IS OFF" in log and "unauthenticated request POST /v1/evidence" in log
