@@ -137,54 +137,83 @@ def xid_code(payload: Mapping[str, Any]) -> int | None:
 # --------------------------------------------------------------------------------- loading
 
 
-def load_xid_catalogue(path: str | os.PathLike[str] | None = None) -> XidCatalogue:
-    """Read and check an XID catalogue file; ``None`` reads the one shipped with the package."""
+def read_catalogue(
+    path: str | os.PathLike[str] | None,
+    *,
+    package: str,
+    name: str,
+    what: str,
+    error: type[ValueError],
+) -> tuple[str, str]:
+    """The text of a TOML catalogue and the name to cite it by in errors.
+
+    ``path=None`` reads ``data/<name>`` shipped in ``package``; any problem raises ``error``
+    naming the file and the fix. Shared by the XID and the log-signature catalogues."""
     if path is None:
-        resource = resources.files("slurm_recovery.decide") / "data" / "xid.toml"
-        source = "slurm_recovery/decide/data/xid.toml"
+        source = f"{package.replace('.', '/')}/data/{name}"
         try:
-            text = resource.read_text(encoding="utf-8")
+            return (resources.files(package) / "data" / name).read_text(encoding="utf-8"), source
         except FileNotFoundError:
-            raise CatalogueError(
+            subdir = package.rsplit(".", 1)[-1]
+            raise error(
                 f"{source}: missing from the installed package; reinstall slurm-recovery "
-                "(the package data must include decide/data/*.toml)"
+                f"(the package data must include {subdir}/data/*.toml)"
             ) from None
-        return catalogue_from_toml(text, source)
     file = Path(path)
     try:
         raw = file.read_bytes()
     except FileNotFoundError:
-        raise CatalogueError(f"{file}: no such file; check the path of the XID catalogue") from None
+        raise error(f"{file}: no such file; check the path of {what}") from None
     except IsADirectoryError:
-        raise CatalogueError(f"{file}: is a directory; name the catalogue file itself") from None
+        raise error(f"{file}: is a directory; name the catalogue file itself") from None
     except OSError as exc:
-        raise CatalogueError(f"{file}: cannot read it: {exc.strerror or exc}") from None
+        raise error(f"{file}: cannot read it: {exc.strerror or exc}") from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8"), str(file)
     except UnicodeDecodeError:
-        raise CatalogueError(
+        raise error(
             f"{file}: not UTF-8 text; TOML files must be UTF-8 (convert it with iconv)"
         ) from None
-    return catalogue_from_toml(text, str(file))
+
+
+def catalogue_tables(
+    text: str, source: str, key: str, error: type[ValueError]
+) -> tuple[list[Any], list[str]]:
+    """The ``[[key]]`` tables of a catalogue, and the problems with the document around them
+    (unknown top-level keys, ``key`` not an array of tables); invalid TOML raises ``error``."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{source}: invalid TOML: {exc}") from None
+    problems = [
+        f"{source}: {other}: unknown key; the catalogue holds only [[{key}]] tables"
+        + did_you_mean(other, [key])
+        for other in data
+        if other != key
+    ]
+    tables = data.get(key, [])
+    if not isinstance(tables, list):
+        article = "an" if key[0] in "aeiou" else "a"
+        problems.append(f"{source}: {key}: write each entry as {article} [[{key}]] table")
+        tables = []
+    return tables, problems
+
+
+def load_xid_catalogue(path: str | os.PathLike[str] | None = None) -> XidCatalogue:
+    """Read and check an XID catalogue file; ``None`` reads the one shipped with the package."""
+    text, source = read_catalogue(
+        path,
+        package="slurm_recovery.decide",
+        name="xid.toml",
+        what="the XID catalogue",
+        error=CatalogueError,
+    )
+    return catalogue_from_toml(text, source)
 
 
 def catalogue_from_toml(text: str, source: str = "<string>") -> XidCatalogue:
     """Parse and check catalogue ``text``; ``source`` is named in every error."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise CatalogueError(f"{source}: invalid TOML: {exc}") from None
-    problems: list[str] = []
-    for key in data:
-        if key != "xid":
-            problems.append(
-                f"{source}: {key}: unknown key; the catalogue holds only [[xid]] tables"
-                + _hint(key, ["xid"])
-            )
-    tables = data.get("xid", [])
-    if not isinstance(tables, list):
-        problems.append(f"{source}: xid: write each entry as an [[xid]] table")
-        tables = []
+    tables, problems = catalogue_tables(text, source, "xid", CatalogueError)
     entries: dict[int, XidInfo] = {}
     for position, table in enumerate(tables, start=1):
         info = _entry(source, position, table, problems)
@@ -210,7 +239,8 @@ def _code(info: XidInfo) -> int:
     return info.code
 
 
-def _hint(name: str, options: Iterable[str]) -> str:
+def did_you_mean(name: str, options: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``options``, or nothing."""
     close = difflib.get_close_matches(name, list(options), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -226,7 +256,7 @@ def _entry(source: str, position: int, table: Any, problems: list[str]) -> XidIn
     for key in table:
         if key not in _ENTRY_KEYS:
             problems.append(
-                f"{where}: {key}: unknown key{_hint(key, _ENTRY_KEYS)} "
+                f"{where}: {key}: unknown key{did_you_mean(key, _ENTRY_KEYS)} "
                 f"(keys: {', '.join(_ENTRY_KEYS)})"
             )
     for key in _REQUIRED_KEYS:
@@ -245,12 +275,12 @@ def _entry(source: str, position: int, table: Any, problems: list[str]) -> XidIn
     if klass not in classes:
         problems.append(
             f"{where}: class = {klass!r}: must be one of {', '.join(classes)}"
-            + _hint(str(klass), classes)
+            + did_you_mean(str(klass), classes)
         )
     if action not in XID_ACTIONS:
         problems.append(
             f"{where}: action = {action!r}: must be one of {', '.join(XID_ACTIONS)}"
-            + _hint(str(action), XID_ACTIONS)
+            + did_you_mean(str(action), XID_ACTIONS)
         )
     if not isinstance(fatal, bool):
         problems.append(f"{where}: fatal = {fatal!r}: must be true or false (no quotes)")

@@ -17,21 +17,23 @@ Three parts, all pure except loading the catalogue file:
 from __future__ import annotations
 
 import calendar
-import difflib
 import json
 import os
 import re
 import time
-import tomllib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from slurm_recovery.config import ConfigError
-from slurm_recovery.decide.catalogue import XidCatalogue, load_xid_catalogue
+from slurm_recovery.decide.catalogue import (
+    XidCatalogue,
+    catalogue_tables,
+    did_you_mean,
+    load_xid_catalogue,
+    read_catalogue,
+)
 from slurm_recovery.sidecar.sources.kmsg import parse_xid_line
 
 __all__ = [
@@ -794,28 +796,14 @@ def load_signatures(
     path: str | os.PathLike[str] | None = None, *, xids: XidCatalogue | None = None
 ) -> SignatureCatalogue:
     """Read and check a signature catalogue; ``None`` reads the one shipped with the package."""
-    xids = xids if xids is not None else load_xid_catalogue()
-    if path is None:
-        resource = resources.files("slurm_recovery.signals") / "data" / "signatures.toml"
-        source = "slurm_recovery/signals/data/signatures.toml"
-        try:
-            text = resource.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise SignatureError(
-                f"{source}: missing from the installed package; reinstall slurm-recovery "
-                "(the package data must include signals/data/*.toml)"
-            ) from None
-        return signatures_from_toml(text, source, xids=xids)
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SignatureError(f"{file}: no such file; check the signature catalogue path") from None
-    except UnicodeDecodeError:
-        raise SignatureError(f"{file}: not UTF-8 text; TOML files must be UTF-8") from None
-    except OSError as exc:
-        raise SignatureError(f"{file}: cannot read it: {exc.strerror or exc}") from None
-    return signatures_from_toml(text, str(file), xids=xids)
+    text, source = read_catalogue(
+        path,
+        package="slurm_recovery.signals",
+        name="signatures.toml",
+        what="the signature catalogue",
+        error=SignatureError,
+    )
+    return signatures_from_toml(text, source, xids=xids)
 
 
 def signatures_from_toml(
@@ -823,21 +811,7 @@ def signatures_from_toml(
 ) -> SignatureCatalogue:
     """Parse and check catalogue ``text``; ``source`` is named in every error."""
     xids = xids if xids is not None else load_xid_catalogue()
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SignatureError(f"{source}: invalid TOML: {exc}") from None
-    problems: list[str] = []
-    for key in data:
-        if key != "signature":
-            problems.append(
-                f"{source}: {key}: unknown key; the catalogue holds only [[signature]] tables"
-                + _hint(key, ["signature"])
-            )
-    tables = data.get("signature", [])
-    if not isinstance(tables, list):
-        problems.append(f"{source}: signature: write each entry as a [[signature]] table")
-        tables = []
+    tables, problems = catalogue_tables(text, source, "signature", SignatureError)
     signatures: list[Signature] = []
     seen: set[str] = set()
     for position, table in enumerate(tables, start=1):
@@ -865,11 +839,6 @@ def signatures_from_toml(
     return catalogue
 
 
-def _hint(name: str, options: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _entry(source: str, position: int, table: Any, problems: list[str]) -> Signature | None:
     where = f"{source}: [[signature]] #{position}"
     if not isinstance(table, Mapping):
@@ -881,7 +850,7 @@ def _entry(source: str, position: int, table: Any, problems: list[str]) -> Signa
     for key in table:
         if key not in _KEYS:
             problems.append(
-                f"{where}: {key}: unknown key{_hint(key, _KEYS)} (keys: {', '.join(_KEYS)})"
+                f"{where}: {key}: unknown key{did_you_mean(key, _KEYS)} (keys: {', '.join(_KEYS)})"
             )
     for key in _REQUIRED:
         if key not in table:
@@ -909,12 +878,12 @@ def _entry(source: str, position: int, table: Any, problems: list[str]) -> Signa
     if klass not in CLASSES:
         problems.append(
             f"{where}: class = {klass!r}: must be one of {', '.join(CLASSES)}"
-            + _hint(str(klass), CLASSES)
+            + did_you_mean(str(klass), CLASSES)
         )
     if action not in ACTIONS:
         problems.append(
             f"{where}: action = {action!r}: must be one of {', '.join(ACTIONS)}"
-            + _hint(str(action), ACTIONS)
+            + did_you_mean(str(action), ACTIONS)
         )
     flags = {}
     for key in ("knock_on", "decisive", "blame_node"):
