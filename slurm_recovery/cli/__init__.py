@@ -16,6 +16,7 @@ from slurm_recovery.cli.dev import dev
 from slurm_recovery.cli.explain_log import explain_log
 from slurm_recovery.cli.sim import sim
 from slurm_recovery.config import Config, ConfigError, load_config
+from slurm_recovery.options import config_option
 from slurm_recovery.scheduler import SchedulerError, Unreachable, open_scheduler
 from slurm_recovery.watchdog import watchdog_command
 
@@ -33,13 +34,7 @@ def load_or_exit(ctx: click.Context) -> Config:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="srecovery")
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Config file (default: $SRECOVERY_CONFIG, else /etc/slurm-recovery/config.toml).",
-)
+@config_option
 @click.pass_context
 def cli(ctx: click.Context, config_path: Path | None) -> None:
     """slurm-recovery: detect, attribute and recover failed multi-node jobs on Slurm."""

@@ -9,16 +9,11 @@ from pathlib import Path
 import click
 
 from slurm_recovery.config import ConfigError, load_config, split_host_port
+from slurm_recovery.options import config_option
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Config file (default: $SRECOVERY_CONFIG, else /etc/slurm-recovery/config.toml).",
-)
+@config_option
 @click.option(
     "--insecure-no-auth",
     is_flag=True,

@@ -32,6 +32,7 @@ from slurm_recovery import __version__
 from slurm_recovery.client import ControllerClient
 from slurm_recovery.config import ConfigError, load_config
 from slurm_recovery.controller.wire import MAX_PAYLOAD_BYTES, WireError, parse_event
+from slurm_recovery.options import config_option
 from slurm_recovery.sidecar.base import Finding, Source
 from slurm_recovery.sidecar.outbox import Entry, Outbox, OutboxError, Sender
 from slurm_recovery.sidecar.registry import Registry, build
@@ -430,13 +431,7 @@ def _load_catalogue() -> Any:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Config file (default: $SRECOVERY_CONFIG, else /etc/slurm-recovery/config.toml).",
-)
+@config_option
 @click.option(
     "--node",
     default=None,
