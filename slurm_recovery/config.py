@@ -15,7 +15,7 @@ import re
 import socket
 import stat
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
@@ -125,6 +125,13 @@ def format_duration(seconds: float) -> str:
 Validator = Callable[[Any], Any]
 
 
+def did_you_mean(name: str, options: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``options``, or nothing: every file of
+    ours (config, policy, catalogues) suggests the same way."""
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _choice(*options: str) -> Validator:
     listed = ", ".join(options)
 
@@ -133,9 +140,7 @@ def _choice(*options: str) -> Validator:
             raise ValueError(f"must be a string, one of {listed}")
         if value.lower() in options:
             return value.lower()
-        close = difflib.get_close_matches(value.lower(), options, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"must be one of {listed}{hint}")
+        raise ValueError(f"must be one of {listed}{did_you_mean(value.lower(), options)}")
 
     return check
 

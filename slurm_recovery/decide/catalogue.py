@@ -7,7 +7,6 @@ the pure decision functions (``detect``, ``attribute``) consult. The shipped cat
 
 from __future__ import annotations
 
-import difflib
 import os
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping
@@ -17,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from slurm_recovery.config import ConfigError
+from slurm_recovery.config import ConfigError, did_you_mean
 from slurm_recovery.decide.model import FaultClass
 
 #: What the GPU or node needs, as NVIDIA recommends it (``XidInfo.action``).
@@ -237,12 +236,6 @@ def catalogue_from_entries(entries: Iterable[XidInfo], source: str = "<code>") -
 
 def _code(info: XidInfo) -> int:
     return info.code
-
-
-def did_you_mean(name: str, options: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``options``, or nothing."""
-    close = difflib.get_close_matches(name, list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _entry(source: str, position: int, table: Any, problems: list[str]) -> XidInfo | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from slurm_recovery.config import ConfigError, parse_duration
+from slurm_recovery.config import ConfigError, did_you_mean, parse_duration
 from slurm_recovery.decide.model import Action, FaultClass, Mode
 
 #: Where the RPM installs the policy; ``controller.policy`` in config.toml may name another.
@@ -377,7 +377,7 @@ def _choice(*options: str) -> Validator:
             raise ValueError(f'must be a quoted string, one of {listed} (e.g. "{options[0]}")')
         if value.lower() in options:
             return value.lower()
-        raise ValueError(f"must be one of {listed}{_did_you_mean(value.lower(), options)}")
+        raise ValueError(f"must be one of {listed}{did_you_mean(value.lower(), options)}")
 
     return check
 
@@ -479,11 +479,6 @@ _VALIDATORS: Mapping[str, Validator] = MappingProxyType(
         "rank_lag_percent": _positive_number(1000.0),
     }
 )
-
-
-def _did_you_mean(name: str, options: Any) -> str:
-    close = difflib.get_close_matches(name, list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # --------------------------------------------------------------------------------- loading
@@ -664,7 +659,7 @@ def _classes(
         if name not in names:
             problems.append(
                 f"{source}: [classes.{name}]: unknown fault class"
-                f"{_did_you_mean(name, names)} (classes: {', '.join(names)})"
+                f"{did_you_mean(name, names)} (classes: {', '.join(names)})"
             )
             continue
         fault_class = FaultClass(name)

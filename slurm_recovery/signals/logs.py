@@ -26,11 +26,10 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from slurm_recovery.config import ConfigError
+from slurm_recovery.config import ConfigError, did_you_mean
 from slurm_recovery.decide.catalogue import (
     XidCatalogue,
     catalogue_tables,
-    did_you_mean,
     load_xid_catalogue,
     read_catalogue,
 )
