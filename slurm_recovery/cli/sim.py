@@ -46,6 +46,11 @@ def sim() -> None:
 )
 @click.option("--lose-gpu", is_flag=True, help="The GPU disappears from the driver.")
 @click.option("--link-downgrade", is_flag=True, help="The PCIe link trains below its maximum.")
+@click.option(
+    "--utilization",
+    type=click.IntRange(0, 100),
+    help="How busy the GPU (or every GPU) looks, in percent (0 = idle, the default).",
+)
 @click.option("--clear", is_flag=True, help="Reset the GPU (or every GPU) to healthy.")
 @click.option(
     "--sim-dir",
@@ -64,6 +69,7 @@ def inject(
     throttle: str | None,
     lose_gpu: bool,
     link_downgrade: bool,
+    utilization: int | None,
     clear: bool,
     sim_dir: Path | None,
     as_json: bool,
@@ -86,6 +92,7 @@ def inject(
             throttle=throttle,
             lose_gpu=lose_gpu,
             link_downgrade=link_downgrade,
+            utilization=utilization,
             clear=clear,
             gpus_if_new=gpus,
         )
@@ -117,6 +124,8 @@ def _describe(event: dict[str, Any]) -> str:
         return f"PCIe link downgrade on {where}"
     if kind == "clear":
         return f"{where} reset to healthy"
+    if kind == "utilization":
+        return f"{where} {event['percent']}% busy"
     return kind
 
 

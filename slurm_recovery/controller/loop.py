@@ -26,10 +26,11 @@ from slurm_recovery.decide.attribute import attribute
 from slurm_recovery.decide.catalogue import XidCatalogue
 from slurm_recovery.decide.detect import detect
 from slurm_recovery.decide.hang import hang_incidents
-from slurm_recovery.decide.model import Action, ClusterView, Mode, Verdict
+from slurm_recovery.decide.model import Action, ClusterView, IncidentKind, Mode, Verdict
 from slurm_recovery.decide.model import Evidence as CoreEvidence
 from slurm_recovery.decide.model import Incident as CoreIncident
 from slurm_recovery.decide.policy import Policy
+from slurm_recovery.decide.straggler import straggler_incidents
 from slurm_recovery.holdmark import hold_mark, parse_hold_mark
 from slurm_recovery.scheduler import Job, Scheduler, SchedulerError, Unreachable
 from slurm_recovery.scheduler.base import earliest_restart
@@ -143,8 +144,8 @@ class Reconciler:
         self.metrics = metrics
         self.clock = clock
         self.failpoint = os.environ.get(FAILPOINT_ENV, "")
-        # (job_id, restart_count) -> submit times with an incident: derived from the store.
-        self._handled: dict[tuple[int, int], set[int]] = {}
+        # (job_id, restart_count) -> submit time -> kinds of its incidents: from the store.
+        self._handled: dict[tuple[int, int], dict[int, set[str]]] = {}
         for incident in store.list_incidents(limit=1_000_000):
             self._remember(incident)
         self.last_tick: float | None = None
@@ -215,14 +216,26 @@ class Reconciler:
         attempt = self.store.get_attempt(incident.attempt_id)
         if attempt is not None:
             key = (attempt.attempt.job_id, attempt.attempt.restart_count)
-            self._handled.setdefault(key, set()).add(attempt.attempt.submit_time)
+            kinds = self._handled.setdefault(key, {})
+            kinds.setdefault(attempt.attempt.submit_time, set()).add(incident.kind)
+
+    def _kinds(self, job: Job) -> set[str]:
+        """Kinds of the incidents this job attempt already has."""
+        return self._handled.get((job.job_id, job.restart_count), {}).get(job.submit_time, set())
 
     def _detect_and_decide(self, view: ClusterView) -> None:
         evidence = self._evidence(view.now)
+        reported = {  # every attempt with an incident: a straggler is reported once
+            (job.job_id, job.restart_count) for job in view.jobs.values() if self._kinds(job)
+        }
+        # A straggler that was only reported does not hide a later crash, hang or fault of the
+        # same attempt; one whose restart is still in flight does.
+        in_flight = self._open_straggler_attempts()
         known = {
             (job.job_id, job.restart_count)
             for job in view.jobs.values()
-            if job.submit_time in self._handled.get((job.job_id, job.restart_count), ())
+            if self._kinds(job) - {str(IncidentKind.STRAGGLER)}
+            or (job.job_id, job.restart_count, job.submit_time) in in_flight
         }
         recent = dataclasses.replace(
             view,
@@ -235,9 +248,22 @@ class Reconciler:
         found_now = detect(recent, evidence, known, self.catalogue, self.policy)
         crashed = {(i.job_id, i.restart_count) for i in found_now}
         found_now += hang_incidents(view, evidence, known | crashed, self.policy)
+        troubled = reported | {(i.job_id, i.restart_count) for i in found_now}
+        found_now += straggler_incidents(view, evidence, troubled, self.policy)
         for found in found_now:
             drains = self._open(found, view.jobs[found.job_id], view, evidence)
             view = after_drains(view, drains)  # the blast radius counts this pass's drains
+
+    def _open_straggler_attempts(self) -> set[tuple[int, int, int]]:
+        """(job id, restart count, submit time) of the straggler incidents still open."""
+        attempts = set()
+        for incident in self.store.list_incidents(open_only=True, limit=10_000):
+            if incident.kind == IncidentKind.STRAGGLER:
+                found = self.store.get_attempt(incident.attempt_id)
+                if found is not None:
+                    a = found.attempt
+                    attempts.add((a.job_id, a.restart_count, a.submit_time))
+        return attempts
 
     def _open(
         self, found: CoreIncident, job: Job, view: ClusterView, evidence: list[CoreEvidence]

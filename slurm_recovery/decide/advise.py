@@ -3,6 +3,8 @@
 Pure and deterministic: no clock, no files, no logging. The rules, in order (``Advice.rule`` names
 the one that decided):
 
+0. ``straggler.no_node`` / ``straggler.restart``: a straggler no node explains, or any while
+   ``straggler.restart`` is false -> none (reported; a straggler drains by ``straggler.drain``).
 1. ``do_not_requeue_exit_codes``: the job exited with such a code (NVRx's 93) -> stop.
 2. ``classes.<class>.action`` when it is ``stop`` or ``none`` (an application fault -> stop).
 3. ``max_restarts``: the tool already restarted this job that many times -> stop.
@@ -54,12 +56,21 @@ def advise(
     class_policy = policy.for_class(verdict.fault_class)
     class_rule = f"classes.{verdict.fault_class}.action"
     cause = verdict.cause or f"{verdict.fault_class} fault"
+    straggler = incident.kind is IncidentKind.STRAGGLER
+    if straggler:
+        class_policy = replace(class_policy, drain=policy.straggler.drain)
     drains = plan_drains(verdict, class_policy, policy, view)
 
     exclude: frozenset[str] = frozenset()
     needs_operator = False
     code = job.exit_code.returncode
-    if incident.kind is IncidentKind.CRASH and code in policy.do_not_requeue_exit_codes:
+    if straggler and not verdict.nodes:
+        action, rule = Action.NONE, "straggler.no_node"
+        what = f"{cause}: reported only (no node explains it; a restart would not help)"
+    elif straggler and not policy.straggler.restart:
+        action, rule = Action.NONE, "straggler.restart"
+        what = f"{cause}: reported only (straggler.restart = false)"
+    elif incident.kind is IncidentKind.CRASH and code in policy.do_not_requeue_exit_codes:
         action, rule = Action.STOP, "do_not_requeue_exit_codes"
         what = f"exit code {code} (the job asked not to be requeued): stop"
         if verdict.fault_class is not FaultClass.UNKNOWN:

@@ -58,6 +58,8 @@ SYSTEM_LOG = 0.6
 WEAK_HARDWARE_XID = 0.6
 WEAK_SYSTEM_XID = 0.5
 UNNAMED_NODE_LOG = 0.5  # a hardware/system log line that names no node of the job
+STRAGGLER_SLOWDOWN = 0.7  # a straggler's node with a throttling / link-downgrade finding
+STRAGGLER_LAG = 0.6  # a straggler's node whose rank's own step time lags the others'
 
 #: Slurm job states meaning Slurm itself lost a node of the job.
 NODE_LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
@@ -124,6 +126,8 @@ def attribute(
     """
     if incident.job_id != job.job_id:
         raise ValueError(f"incident for job {incident.job_id} attributed with job {job.job_id}")
+    if incident.kind is IncidentKind.STRAGGLER:
+        return _straggler(incident, evidence)
     window = policy.fatal_evidence_window
     low = incident.failed_at - window.window_before
     high = incident.failed_at + window.window_after
@@ -329,6 +333,39 @@ def _unknown(
         confidence=0.0,
         evidence_ids=tuple(sorted(ids)),
         cause=cause,
+    )
+
+
+def _straggler(incident: Incident, evidence: Sequence[Evidence]) -> Verdict:
+    """A straggler's verdict from what its detector found (``decide.straggler``): the nodes
+    with slowdown GPU findings among the triggers (hardware), else the nodes of lagging ranks
+    (system), else no node (unknown). A node is never implicated by the job's throughput alone."""
+    triggers = set(incident.trigger_ids)
+    slowed: dict[str, list[Evidence]] = {}
+    for ev in evidence:
+        if ev.id in triggers and ev.kind == "gpu_finding" and ev.node is not None:
+            slowed.setdefault(ev.node, []).append(ev)
+    suspects = dict(incident.suspects)
+    hardware = {node for node in suspects if node in slowed}
+    if hardware:
+        nodes, fault_class, confidence = hardware, FaultClass.HARDWARE, STRAGGLER_SLOWDOWN
+        ids = {ev.id for node in hardware for ev in slowed[node]}
+    elif suspects:
+        nodes, fault_class, confidence = set(suspects), FaultClass.SYSTEM, STRAGGLER_LAG
+        ids = {ev.id for ev in evidence if ev.id in triggers and ev.kind == "progress"}
+    else:
+        return Verdict(
+            fault_class=FaultClass.UNKNOWN,
+            evidence_ids=tuple(sorted(triggers)),
+            cause=f"straggler: {incident.summary}",
+        )
+    words = "; ".join(f"{suspects[node]} on {node}" for node in sorted(nodes))
+    return Verdict(
+        fault_class=fault_class,
+        nodes=frozenset(nodes),
+        confidence=confidence,
+        evidence_ids=tuple(sorted(ids)),
+        cause=f"straggler ({_one_line(incident.summary.split(';')[0])}): {words}",
     )
 
 

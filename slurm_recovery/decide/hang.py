@@ -190,6 +190,51 @@ def detect_hang(
     )
 
 
+def detect_gpu_idle(
+    job_id: int,
+    activity: Iterable[Evidence],
+    started_at: float,
+    now: float,
+    policy: HangPolicy,
+) -> HangFinding | None:
+    """A :class:`HangFinding` when the attempt's GPUs were busy and are now idle on every node
+    that reported ``gpu_activity``, for ``policy.gpu_idle``; None otherwise.
+
+    The node whose GPUs went idle first is named as where the job stopped first."""
+    since = started_at - START_SLACK
+    latest: dict[str, Evidence] = {}
+    ever_busy = False
+    for ev in sorted(activity, key=lambda e: (e.observed_at, e.id)):
+        if ev.kind != "gpu_activity" or ev.node is None or ev.observed_at < since:
+            continue
+        busy = ev.payload.get("busy")
+        if type(busy) is not bool:
+            continue
+        ever_busy |= busy
+        latest[ev.node] = ev
+    if not ever_busy or not latest or any(ev.payload["busy"] for ev in latest.values()):
+        return None
+    idle_since = max(ev.observed_at for ev in latest.values())
+    hung_since = idle_since + policy.gpu_idle
+    if now < hung_since:
+        return None
+    first = min(latest.values(), key=lambda ev: (ev.observed_at, ev.node or ""))
+    nodes = sorted(latest)
+    summary = (
+        f"GPUs idle on {', '.join(nodes)} for {_seconds(now - idle_since)} (busy before; "
+        f"deadline {_seconds(policy.gpu_idle)}); no step progress reported; idle first: "
+        f"{first.node}"
+    )
+    return HangFinding(
+        job_id=job_id,
+        last_progress_at=idle_since,
+        deadline=policy.gpu_idle,
+        hung_since=hung_since,
+        stalled_nodes=frozenset({first.node}) if first.node and len(latest) > 1 else frozenset(),
+        summary=summary,
+    )
+
+
 def _key_order(key: StreamKey) -> tuple[int, int, str]:
     rank, node = key
     return (rank is None, rank if rank is not None else 0, node or "")
@@ -201,27 +246,70 @@ def _seconds(value: float) -> str:
     return f"{value:.1f} s"
 
 
-def progress_samples(evidence: Iterable[Evidence], job_id: int) -> list[ProgressSample]:
+def _number(value: object) -> float | None:
+    if type(value) in (int, float):
+        return float(value)  # type: ignore[arg-type]
+    if value in ("nan", "inf", "-inf"):
+        return float(value)  # type: ignore[arg-type]
+    return None
+
+
+def progress_samples(
+    evidence: Iterable[Evidence], job_id: int, job_nodes: Sequence[str] = ()
+) -> list[ProgressSample]:
     """The ``progress`` evidence of one job as samples (``payload.ts`` when the sender knew
-    when the step was reached, else when it was observed)."""
+    when the step was reached, else when it was observed).
+
+    When the job has progress-file evidence, its log-line progress is left out: the file says
+    which node each rank runs on and carries step times, the log often only rank 0's step. A
+    log line names no node (the node that read the output is not where the rank runs); ranks
+    are placed on ``job_nodes`` by Slurm's default block layout, see :func:`rank_node`.
+    """
+    mine = [ev for ev in evidence if ev.kind == "progress" and ev.job_id == job_id]
+    from_file = any(ev.payload.get("origin") == "file" for ev in mine)
+    ranks = [ev.payload["rank"] for ev in mine if type(ev.payload.get("rank")) is int]
+    world = max(ranks) + 1 if ranks else 0  # at least: log lines rarely show every rank
     samples = []
-    for ev in evidence:
-        if ev.kind != "progress" or ev.job_id != job_id:
+    for ev in mine:
+        origin = ev.payload.get("origin")
+        if from_file and origin != "file":
             continue
         step = ev.payload.get("step")
         if type(step) is not int:
             continue
         ts = ev.payload.get("ts")
         rank = ev.payload.get("rank")
+        rank = rank if type(rank) is int else None
+        node = ev.node if origin == "file" else rank_node(rank, world, job_nodes)
+        step_time = _number(ev.payload.get("step_time"))
         samples.append(
             ProgressSample(
                 ts=float(ts) if type(ts) in (int, float) else ev.observed_at,
                 step=step,
-                rank=rank if type(rank) is int else None,
-                node=ev.node,
+                rank=rank,
+                node=node,
+                tokens=_number(ev.payload.get("tokens")),
+                samples=_number(ev.payload.get("samples")),
+                loss=_number(ev.payload.get("loss")),
+                step_time=step_time if step_time is not None and step_time >= 0 else None,
             )
         )
     return samples
+
+
+def rank_node(rank: int | None, world: int, job_nodes: Sequence[str]) -> str | None:
+    """The node of ``rank`` when ``world`` tasks are laid out over ``job_nodes`` by Slurm's
+    default block distribution (the first nodes take one task more when they do not divide
+    evenly). A guess for log lines only: the progress file names the host itself."""
+    if rank is None or not job_nodes or not 0 <= rank < max(world, 1):
+        return None
+    if world <= len(job_nodes):
+        return job_nodes[rank]
+    per_node, extra = divmod(world, len(job_nodes))
+    edge = extra * (per_node + 1)
+    if rank < edge:
+        return job_nodes[rank // (per_node + 1)]
+    return job_nodes[extra + (rank - edge) // per_node]
 
 
 def hang_incidents(
@@ -232,22 +320,28 @@ def hang_incidents(
 ) -> list[Incident]:
     """HANG incidents for running jobs that report progress and stopped making it.
 
-    A job that never reported progress is not judged: without a progress source there is
-    nothing to measure (its crashes are still detected)."""
+    A job that never reported step progress is judged by its GPUs alone
+    (:func:`detect_gpu_idle`), and not at all when the sidecars saw no GPU activity either."""
     found = []
     for job_id in sorted(view.jobs):
         job = view.jobs[job_id]
         if job.state != "RUNNING" or (job_id, job.restart_count) in open_or_done:
             continue
-        samples = progress_samples(evidence, job_id)
-        if not samples:
-            continue
-        finding = detect_hang(job_id, samples, float(job.start_time), view.now, policy.hang)
+        samples = progress_samples(evidence, job_id, job.nodes)
+        if samples:
+            kind = "progress"
+            finding = detect_hang(job_id, samples, float(job.start_time), view.now, policy.hang)
+        else:
+            kind = "gpu_activity"
+            activity = [ev for ev in evidence if ev.kind == kind and ev.job_id == job_id]
+            finding = detect_gpu_idle(
+                job_id, activity, float(job.start_time), view.now, policy.hang
+            )
         if finding is None:
             continue
-        ids = tuple(
-            sorted(ev.id for ev in evidence if ev.kind == "progress" and ev.job_id == job_id)
-        )[-5:]
+        ids = tuple(sorted(ev.id for ev in evidence if ev.kind == kind and ev.job_id == job_id))[
+            -5:
+        ]
         found.append(
             Incident(
                 job_id,

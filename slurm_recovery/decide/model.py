@@ -29,6 +29,7 @@ class IncidentKind(StrEnum):
     DOOMED = "doomed"  # a fatal fault hit a node of a running job: restart it away now
     APP_FAULT = "app_fault"  # the application reported its own fatal error while running
     HANG = "hang"  # a running job stopped making progress for longer than its deadline
+    STRAGGLER = "straggler"  # a running job's throughput dropped and stayed down
 
 
 class Action(StrEnum):
@@ -58,7 +59,10 @@ class Evidence:
     - ``operator_report``: an operator says ``node`` is bad [reason: str, xid?: int]
     - ``job_end``: a job ended [state: str, exit_code: int, signal: int]
     - ``progress``: the latest training step a rank of ``job_id`` reached [step: int,
-      rank?: int, ts?: float (when it was reached), origin: "log"|"file"]
+      rank?: int, ts?: float (when it was reached), origin: "log"|"file"; from the progress
+      file also tokens?, samples?: float (running totals), step_time?: float (the rank's own
+      work per step), loss?: float or "nan"/"inf"/"-inf"]. ``node`` is where the rank runs
+      for origin "file"; for "log" it is only the node that read the job's output
     - ``log_signature``: a recognised log line for ``job_id`` [signature: str,
       fault_class: str, blame_node: bool, text: str] (the signals issue produces these)
     - ``node_state``: what Slurm showed for ``node`` (source ``scheduler``) [state: str,
@@ -99,6 +103,9 @@ class Incident:
     failed_at: float
     trigger_ids: tuple[int, ...] = ()  # evidence that opened it
     summary: str = ""
+    #: (node, why) the detector itself points at (a straggler's slow nodes); attribution
+    #: weighs them with the evidence among ``trigger_ids``
+    suspects: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ class HangPolicy:
     recent_intervals: int = 20
     longest_gap_multiple: float = 1.5
     startup_grace: float = 1800.0
+    gpu_idle: float = 900.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ class StragglerPolicy:
     min_duration: float = 180.0
     rate_interval: float = 30.0
     rank_lag_percent: float = 20.0
+    restart: bool = True
+    drain: bool = False
 
 
 #: Fault classes whose verdicts may implicate nodes (and so may drain them).
@@ -304,6 +307,13 @@ KEYS: tuple[Key, ...] = (
         "A job that has reported no progress yet is hung this long after it started.",
     ),
     Key(
+        "hang.gpu_idle",
+        "duration, more than 0",
+        "15m",
+        "A job that reports no step progress at all is hung when its GPUs, busy before, have "
+        "been idle on every node this long (the sidecar's gpu_activity).",
+    ),
+    Key(
         "straggler.baseline_window",
         "duration, more than 0",
         "10m",
@@ -334,6 +344,21 @@ KEYS: tuple[Key, ...] = (
         "A rank whose own work per step takes this many percent longer than the median of the "
         "other ranks lags, and its node is named.",
     ),
+    Key(
+        "straggler.restart",
+        "true or false",
+        True,
+        "true: a straggler whose slowdown a node explains is requeued away from that node "
+        "(within max_restarts and max_excluded_nodes). false: it is only reported. A straggler "
+        "that no node explains is always only reported.",
+    ),
+    Key(
+        "straggler.drain",
+        "true or false",
+        False,
+        "true: the node that explains a straggler is also drained (within the blast radius and "
+        "the class's drain_min_confidence). Off by default: throttling is often transient.",
+    ),
 )
 
 _TOP_LEVEL = ("mode", "max_restarts", "max_excluded_nodes", "do_not_requeue_exit_codes")
@@ -353,6 +378,7 @@ _SECTION_KEYS = {
         "recent_intervals",
         "longest_gap_multiple",
         "startup_grace",
+        "gpu_idle",
     ),
     "straggler": (
         "baseline_window",
@@ -360,6 +386,8 @@ _SECTION_KEYS = {
         "min_duration",
         "rate_interval",
         "rank_lag_percent",
+        "restart",
+        "drain",
     ),
 }
 
@@ -472,11 +500,13 @@ _VALIDATORS: Mapping[str, Validator] = MappingProxyType(
         "recent_intervals": _positive_count,
         "longest_gap_multiple": _bounded_number(0.0, 1000.0),
         "startup_grace": _duration_above_zero,
+        "gpu_idle": _duration_above_zero,
         "baseline_window": _duration_above_zero,
         "drop_percent": _positive_number(100.0),
         "min_duration": _duration_above_zero,
         "rate_interval": _duration_above_zero,
         "rank_lag_percent": _positive_number(1000.0),
+        "restart": _bool,
     }
 )
 

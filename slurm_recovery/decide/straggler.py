@@ -15,9 +15,14 @@ import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from slurm_recovery.decide.hang import ProgressSample, StreamKey, attempt_samples
-from slurm_recovery.decide.model import Evidence
-from slurm_recovery.decide.policy import StragglerPolicy
+from slurm_recovery.decide.hang import (
+    ProgressSample,
+    StreamKey,
+    attempt_samples,
+    progress_samples,
+)
+from slurm_recovery.decide.model import ClusterView, Evidence, Incident, IncidentKind
+from slurm_recovery.decide.policy import Policy, StragglerPolicy
 
 #: ``gpu_finding`` checks (sidecar/base.py GPU_CHECKS) that slow a GPU down: low clocks from
 #: throttling, a PCIe link below its maximum, an NVLink down (traffic falls back to PCIe).
@@ -78,6 +83,8 @@ class StragglerFinding:
     lagging_ranks: tuple[int, ...] = ()
     evidence_ids: tuple[int, ...] = ()
     summary: str = ""
+    #: (node, why) for each node in ``nodes``, in node order
+    reasons: tuple[tuple[str, str], ...] = ()
 
 
 def metric(samples: Iterable[ProgressSample]) -> str:
@@ -281,7 +288,11 @@ def detect_straggler(
         return None
     slow = slowdown_evidence(evidence, job_nodes, drop.onset, drop.last, policy.rate_interval)
     lagging = lagging_ranks(ordered, drop.onset, drop.last, policy)
-    nodes = {ev.node for ev in slow if ev.node is not None}
+    why: dict[str, list[str]] = {}
+    for ev in slow:
+        if ev.node is not None:
+            gpu = f" (GPU {ev.gpu})" if ev.gpu is not None else ""
+            why.setdefault(ev.node, []).append(f"{ev.payload.get('check')}{gpu}")
     ranks = []
     for rank, node in lagging:
         where = node
@@ -289,13 +300,19 @@ def detect_straggler(
             where = where or (rank_nodes or {}).get(rank)
             ranks.append(rank)
         if where:
-            nodes.add(where)
+            why.setdefault(where, []).append(
+                f"rank {rank} lags the other ranks" if rank is not None else "lags the others"
+            )
     summary = (
         f"throughput down {drop.percent:.0f}% ({_rate(drop.current)} vs baseline "
         f"{_rate(drop.baseline)} {unit}/s) for {drop.duration:.0f} s"
     )
     reasons = [f"{ev.payload.get('check')} on {ev.node}" for ev in slow]
-    reasons += [f"rank {rank} lags the other ranks" for rank in ranks]
+    reasons += [
+        f"rank {rank} lags the other ranks" + (f" on {node}" if node else "")
+        for rank, node in lagging
+        if rank is not None
+    ]
     summary += "; " + ", ".join(dict.fromkeys(reasons)) if reasons else "; no node explains it"
     return StragglerFinding(
         job_id=job_id,
@@ -304,11 +321,58 @@ def detect_straggler(
         baseline_rate=drop.baseline,
         current_rate=drop.current,
         unit=unit,
-        nodes=frozenset(nodes),
+        nodes=frozenset(why),
         lagging_ranks=tuple(ranks),
         evidence_ids=tuple(ev.id for ev in slow),
         summary=summary,
+        reasons=tuple((node, ", ".join(dict.fromkeys(why[node]))) for node in sorted(why)),
     )
+
+
+def straggler_incidents(
+    view: ClusterView,
+    evidence: Sequence[Evidence],
+    open_or_done: Collection[tuple[int, int]],
+    policy: Policy,
+) -> list[Incident]:
+    """STRAGGLER incidents for running jobs whose throughput dropped for ``min_duration``.
+
+    One per job attempt (``open_or_done`` holds the attempts already reported). The incident's
+    ``suspects`` are the nodes the finding names; its ``trigger_ids`` the slowdown evidence and
+    the job's latest progress reports."""
+    found = []
+    for job_id in sorted(view.jobs):
+        job = view.jobs[job_id]
+        if job.state != "RUNNING" or (job_id, job.restart_count) in open_or_done:
+            continue
+        samples = progress_samples(evidence, job_id, job.nodes)
+        if not samples:
+            continue
+        node_evidence = [ev for ev in evidence if ev.kind == "gpu_finding" and ev.node in job.nodes]
+        finding = detect_straggler(
+            job_id,
+            samples,
+            float(job.start_time),
+            policy.straggler,
+            node_evidence,
+            job_nodes=job.nodes,
+        )
+        if finding is None:
+            continue
+        progress = sorted(ev.id for ev in evidence if ev.kind == "progress" and ev.job_id == job_id)
+        found.append(
+            Incident(
+                job_id,
+                job.restart_count,
+                job.submit_time,
+                IncidentKind.STRAGGLER,
+                failed_at=finding.onset,
+                trigger_ids=tuple(sorted({*finding.evidence_ids, *progress[-5:]})),
+                summary=finding.summary,
+                suspects=finding.reasons,
+            )
+        )
+    return found
 
 
 def _rate(value: float) -> str:

@@ -99,6 +99,7 @@ def _gpu(node: str, index: int) -> dict[str, Any]:
         "pcie_gen_max": PCIE_GEN_MAX,
         "pcie_width": PCIE_WIDTH_MAX,
         "pcie_width_max": PCIE_WIDTH_MAX,
+        "utilization": 0,
     }
 
 
@@ -172,22 +173,26 @@ def inject(
     throttle: str | None = None,
     lose_gpu: bool = False,
     link_downgrade: bool = False,
+    utilization: int | None = None,
     clear: bool = False,
     gpus_if_new: int = 8,
     now: float | None = None,
 ) -> list[dict[str, Any]]:
     """Record faults on ``node`` (one event each, in this order: clear, xid, ecc_dbe, throttle,
-    lose_gpu, link_downgrade) and return the events. ``clear`` resets every GPU (or only
-    ``gpu``) to healthy, as a GPU reset would. The state is created with ``gpus_if_new`` GPUs
-    if the node has none yet."""
+    lose_gpu, link_downgrade, utilization) and return the events. ``clear`` resets every GPU
+    (or only ``gpu``) to healthy, as a GPU reset would. ``utilization`` (percent) sets how busy
+    the GPU (or every GPU) looks, so a simulated job can look busy, then idle. The state is
+    created with ``gpus_if_new`` GPUs if the node has none yet."""
     faults = xid is not None or ecc_dbe > 0 or throttle or lose_gpu or link_downgrade
-    if not faults and not clear:
+    if not faults and not clear and utilization is None:
         raise SimError(
             "nothing to inject: give --xid, --ecc-dbe, --throttle, --lose-gpu, "
-            "--link-downgrade or --clear"
+            "--link-downgrade, --utilization or --clear"
         )
     if faults and gpu is None:
         raise SimError("which GPU? give --gpu INDEX")
+    if utilization is not None and not 0 <= utilization <= 100:
+        raise SimError("utilization is a percentage, 0 to 100")
     if throttle is not None and throttle not in THROTTLE_REASONS:
         raise SimError(f"throttle reason must be one of {', '.join(THROTTLE_REASONS)}")
     at = time.time() if now is None else now
@@ -230,6 +235,10 @@ def inject(
                 g["pcie_gen"] = max(1, g["pcie_gen_max"] - 2)
                 g["pcie_width"] = max(1, g["pcie_width_max"] // 2)
                 record("link_downgrade", gpu)
+        if utilization is not None:
+            for g in gpus if gpu is None else [gpus[gpu]]:
+                g["utilization"] = utilization
+            record("utilization", gpu, percent=utilization)
         _trim(state)
         _write_state(folder, node, state)
     return recorded
@@ -324,7 +333,7 @@ class SimBackend:
             g["index"]: {
                 "temperature_c": 34 + g["index"] % 4,
                 "power_w": 71.5,
-                "utilization_pct": 0,
+                "utilization_gpu": g.get("utilization", 0),
                 "memory_used_mib": 0,
                 "ecc_dbe_volatile": g["ecc_dbe_volatile"],
                 "throttle": list(g["throttle"]),

@@ -305,6 +305,15 @@ def test_cli_inject_and_show(cli, tmp_path):
     assert all(g["present"] for g in load_state(tmp_path / "sim", "n2")["gpus"])
 
 
+def test_cli_sets_utilization(cli, tmp_path):
+    result = cli("inject", "--node", "n2", "--utilization", "80")
+    assert result.exit_code == 0, result.output
+    assert "every GPU 80% busy" in result.output
+    readings = SimBackend("n2", tmp_path / "sim", 4).telemetry()
+    assert {r["utilization_gpu"] for r in readings.values()} == {80}
+    assert cli("inject", "--node", "n2", "--utilization", "101").exit_code != 0
+
+
 def test_cli_refuses_bad_usage_with_a_reason(cli):
     no_gpu = cli("inject", "--node", "n2", "--xid", "79")
     assert no_gpu.exit_code == 2 and "give --gpu INDEX" in no_gpu.output
