@@ -9,7 +9,10 @@ whole wall time is what a job start or end pays. Each case runs the hook executa
 on PATH) N times with a recorded 22.05 environment and a config file of its own under a
 temporary directory:
 
-- ``prolog`` and ``epilog``: the event written into the node spool;
+- ``prolog`` and ``epilog``: the event written into the node spool (the prolog also creates the
+  job's directory, owned by the job user);
+- ``task_prolog``: the ``export`` lines for a task of a job whose directory exists, run with
+  ``-I`` as the wrapper runs it (slurmstepd runs it before every task, as the job user);
 - ``prolog, gate on``: the health gate reading a fresh health file with no fatal finding;
 - ``epilog_slurmctld, controller down``: nothing listens at client.url; the event is spooled;
 - ``epilog_slurmctld, controller up`` (only with ``--url``): the event is signed with MUNGE
@@ -37,12 +40,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from slurm_recovery import jobdir
+
 REPO = Path(__file__).resolve().parent.parent
 HOOKS = REPO / "hooks"
 SCRIPTS = {
     "prolog": HOOKS / "prolog" / "srecovery-prolog",
     "epilog": HOOKS / "epilog" / "srecovery-epilog",
     "epilog_slurmctld": HOOKS / "epilog_slurmctld" / "srecovery-epilog-slurmctld",
+    "task_prolog": HOOKS / "task_prolog" / "srecovery-task-prolog",
 }
 
 # Environments as Slurm 22.05 gives them (recorded on the local cluster), minus SLURM_JOB_ID.
@@ -69,6 +75,18 @@ EPILOG_ENV = {
     "SLURM_JOB_EXIT_CODE": "0",
     "SLURM_JOB_EXIT_CODE2": "0:0",
     "SLURM_JOB_DERIVED_EC": "0",
+}
+# What slurmstepd gives the TaskProlog, besides the job's own environment.
+TASK_ENV = {
+    "SLURMD_NODENAME": "n1",
+    "SLURM_JOB_GID": "1000",
+    "SLURM_JOB_NODELIST": "gpu[001-008]",
+    "SLURM_JOB_UID": "1000",
+    "SLURM_JOB_USER": "alice",
+    "SLURM_LOCALID": "0",
+    "SLURM_PROCID": "0",
+    "SLURM_SCRIPT_CONTEXT": "prolog_task",
+    "SLURM_STEP_ID": "0",
 }
 CTLD_ENV = {
     "SLURM_CLUSTER_NAME": "bench",
@@ -102,6 +120,7 @@ def write_config(base: Path, url: str, munge_socket: str, gate: bool) -> Path:
         f'[client]\nurl = "{url}"\n'
         f'[auth]\nmunge_socket = "{munge_socket}"\n'
         f"[hooks]\nhealth_gate = {'true' if gate else 'false'}\ncontroller_timeout = 0.5\n"
+        f'job_dir = "{base}/jobs/{{node}}"\n'
     )
     path.chmod(0o644)
     return path
@@ -176,6 +195,11 @@ def main() -> None:
             ),
             ("epilog", [str(SCRIPTS["epilog"])], {**EPILOG_ENV, "SRECOVERY_CONFIG": str(plain)}),
             (
+                "task_prolog",
+                [sys.executable, "-I", str(SCRIPTS["task_prolog"])],
+                {**TASK_ENV, "SRECOVERY_CONFIG": str(plain)},
+            ),
+            (
                 "epilog_slurmctld, controller down",
                 [str(SCRIPTS["epilog_slurmctld"])],
                 {**CTLD_ENV, "SRECOVERY_CONFIG": str(plain)},
@@ -196,6 +220,12 @@ def main() -> None:
         )
         for number, (name, argv, env) in enumerate(cases):
             health.write_text(json.dumps({"updated_at": time.time(), "node": "n1", "fatal": []}))
+            if name == "task_prolog":  # the directories the prolog makes for those jobs
+                for job in [
+                    *range(900_000_000, 900_000_005),
+                    *range(1_000_000 * (number + 1), 1_000_000 * (number + 1) + args.runs),
+                ]:
+                    jobdir.create(f"{base}/jobs/{{node}}", "n1", job, os.getuid(), os.getgid())
             time_runs(argv, {**base_env, **env}, 5, 900_000_000)  # warm the page cache
             walls, cpus = time_runs(argv, {**base_env, **env}, args.runs, 1_000_000 * (number + 1))
             results[name] = row = summary(walls, cpus)

@@ -366,6 +366,14 @@ def _node_path(value: Any) -> Path:
     return Path(path)
 
 
+def _job_dir(value: Any) -> Path:
+    path = _node_path(value)
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in str(path)):
+        # the TaskProlog prints it in "export NAME=value" lines, one per line
+        raise ValueError("must not contain control characters such as a newline")
+    return path
+
+
 def short_hostname() -> str:
     """This host's name up to the first dot: what Slurm usually calls the node."""
     return socket.gethostname().split(".", 1)[0]
@@ -692,6 +700,16 @@ KEYS: tuple[Key, ...] = (
         "its event to controller.spool_dir.",
         _duration_above_zero,
     ),
+    Key(
+        "hooks",
+        "job_dir",
+        'absolute path, may contain "{node}"',
+        "/run/slurm-recovery/jobs/{node}",
+        "Where the prolog gives each job a directory of its own on each node, <job_dir>/<job id>, "
+        "owned by the job user, for its progress file and NCCL flight-recorder dumps; the "
+        "sidecar reads and then removes it. {node} is replaced by the node name. Local disk.",
+        _job_dir,
+    ),
 )
 
 _BY_DOTTED: dict[str, Key] = {key.dotted: key for key in KEYS}
@@ -794,6 +812,7 @@ class SidecarConfig:
 class HooksConfig:
     health_gate: bool = DEFAULTS["hooks.health_gate"]
     controller_timeout: float = DEFAULTS["hooks.controller_timeout"]
+    job_dir: Path = DEFAULTS["hooks.job_dir"]
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ def write_config(
     gpus_per_node: int = 8,
 ) -> Path:
     """config.toml for the stack: MUNGE through the cluster's own munged, simulated GPUs,
-    one spool directory per node (several sidecars share this host)."""
+    one spool directory and one job-directory root per node (several sidecars share this
+    host). Readable by all: the TaskProlog reads it as the job user."""
     config = base / "config.toml"
     (base / "watchdog").mkdir(parents=True, exist_ok=True)
     config.write_text(
@@ -94,6 +95,9 @@ sim_gpus = {gpus_per_node}
 spool_dir = "{base / "spool"}/{{node}}"
 kmsg = false
 ib_sysfs = ""
+
+[hooks]
+job_dir = "{base / "jobs"}/{{node}}"
 """
     )
     config.chmod(0o644)
@@ -147,8 +151,8 @@ def up(
     gpus_per_node: int = 8,
     policy_extra: str = "",
 ) -> DevStack:
-    """Cluster (with the hooks in its slurm.conf), controller, watchdog and one sidecar per
-    node with simulated GPUs; idempotent."""
+    """Cluster (with the hooks, TaskProlog included, in its slurm.conf), controller, watchdog
+    and one sidecar per node with simulated GPUs; idempotent."""
     from slurm_recovery.hooks import slurm_conf_lines, write_hook_wrappers
 
     base.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,21 @@
-"""Slurm's job hooks: node Prolog/Epilog and the head node's EpilogSlurmctld (docs/hooks.md).
+"""Slurm's job hooks: node Prolog/Epilog, TaskProlog and the head node's EpilogSlurmctld
+(docs/hooks.md).
 
-Each run turns Slurm's environment into ONE evidence event (the controller's wire format,
-:mod:`slurm_recovery.controller.wire`) and hands it on:
+Each run of an event hook turns Slurm's environment into ONE evidence event (the controller's
+wire format, :mod:`slurm_recovery.controller.wire`) and hands it on:
 
-- ``prolog`` (slurmd, root, each node, job start): ``job_start`` written into the node's
-  sidecar spool, ``<sidecar.spool_dir>/events/``, which the sidecar sends on. With
-  ``hooks.health_gate`` on, it may refuse the node (exit 1; see :func:`gate_decision`).
+- ``prolog`` (slurmd, root, each node, job start): creates the job's directory on the node
+  (:mod:`slurm_recovery.jobdir`), then ``job_start`` written into the node's sidecar spool,
+  ``<sidecar.spool_dir>/events/``, which the sidecar sends on. With ``hooks.health_gate`` on,
+  it may refuse the node (exit 1; see :func:`gate_decision`).
 - ``epilog`` (slurmd, root, each node, job end): ``job_end`` into the same spool.
 - ``epilog_slurmctld`` (slurmctld, SlurmUser, head node, job end): ``job_end`` posted to the
   controller, or, on any failure, written into ``<controller.spool_dir>/events/``, which the
   controller imports.
+
+``task_prolog`` (slurmstepd, the job user, before each task) sends nothing: it prints
+``export SRECOVERY_PROGRESS_FILE=...`` (and the NCCL flight recorder's dump prefix), which
+Slurm puts into the task's environment (:func:`task_prolog_lines`).
 
 A spooled event is one JSON object (one wire event) in ``<time_ns>-<pid>-<job>.json``, written
 as ``<name>.tmp``, fsynced and renamed, so a reader taking ``*.json`` never sees half a file.
@@ -38,24 +44,37 @@ import sys
 import time
 from collections.abc import Mapping
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
+
+from slurm_recovery import jobdir
 
 if TYPE_CHECKING:  # pathlib is imported only where a Path is returned (it costs ~3 ms)
     from pathlib import Path
 
-#: The three hooks, as named in :func:`write_hook_wrappers`' result and on the command line.
-HOOKS = ("prolog", "epilog", "epilog_slurmctld")
+#: The hooks that send an event.
+EVENT_HOOKS = ("prolog", "epilog", "epilog_slurmctld")
+#: Every hook, as named in :func:`write_hook_wrappers`' result and on the command line.
+HOOKS = (*EVENT_HOOKS, "task_prolog")
 #: The executable of each hook (under ``hooks/<dir>/`` in the source tree).
 SCRIPT_NAMES: Mapping[str, str] = {
     "prolog": "srecovery-prolog",
     "epilog": "srecovery-epilog",
     "epilog_slurmctld": "srecovery-epilog-slurmctld",
+    "task_prolog": "srecovery-task-prolog",
 }
 #: Where each hook's executable lives under ``hooks/`` in the source tree.
 SCRIPT_DIRS: Mapping[str, str] = {
     "prolog": "prolog",
     "epilog": "epilog",
     "epilog_slurmctld": "epilog_slurmctld",
+    "task_prolog": "task_prolog",
+}
+#: The slurm.conf key of each hook.
+SLURM_CONF_KEYS: Mapping[str, str] = {
+    "prolog": "Prolog",
+    "epilog": "Epilog",
+    "epilog_slurmctld": "EpilogSlurmctld",
+    "task_prolog": "TaskProlog",
 }
 #: The event kind each hook sends and the ``context`` it puts in the payload.
 KIND = {"prolog": "job_start", "epilog": "job_end", "epilog_slurmctld": "job_end"}
@@ -69,6 +88,11 @@ HEALTH_FILE = "health.json"
 HEALTH_FRESH_POLLS = 3
 #: A larger health file is not read (the gate then fails open).
 MAX_HEALTH_BYTES = 1024 * 1024
+
+#: What the TaskProlog sets: slurm_recovery.progress reads the first (a unit test holds them
+#: equal); PyTorch's NCCL flight recorder writes its dumps to the second, plus the rank.
+PROGRESS_ENV = "SRECOVERY_PROGRESS_FILE"
+NCCL_TRACE_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 
 EXIT_OK = 0
 #: The health gate's refusal: slurmd drains the node ("Prolog error") and requeues the job.
@@ -116,6 +140,7 @@ HOOK_DEFAULTS: Mapping[str, object] = {
     "sidecar.poll_interval": 10.0,
     "hooks.health_gate": False,
     "hooks.controller_timeout": 0.5,
+    "hooks.job_dir": "/run/slurm-recovery/jobs/{node}",
     "controller.spool_dir": "/var/spool/slurm-recovery/controller",
     "controller.policy": "/etc/slurm-recovery/policy.toml",
     "client.url": "http://localhost:7765",
@@ -183,8 +208,10 @@ def _check(dotted: str, value: object) -> object:
         return value.rstrip("/")
     path = _absolute(value, empty_ok=dotted == "auth.munge_socket")
     rest = path.replace(NODE_PLACEHOLDER, "")
-    if dotted == "sidecar.spool_dir" and ("{" in rest or "}" in rest):
+    if dotted in ("sidecar.spool_dir", "hooks.job_dir") and ("{" in rest or "}" in rest):
         raise ValueError(f"the only placeholder it may hold is {NODE_PLACEHOLDER}")
+    if dotted == "hooks.job_dir" and any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        raise ValueError("must not contain control characters such as a newline")
     return path
 
 
@@ -216,6 +243,10 @@ class HookConfig:
     def sidecar_spool(self, node: str) -> str:
         """``sidecar.spool_dir`` with ``{node}`` replaced: the node's spool directory."""
         return self["sidecar.spool_dir"].replace(NODE_PLACEHOLDER, node)
+
+    def job_dir(self, node: str, job: int) -> str:
+        """The job's directory on ``node`` (:func:`slurm_recovery.jobdir.job_dir_for`)."""
+        return jobdir.job_dir_for(self["hooks.job_dir"], node, job)
 
 
 def _refuse_if_others_can_write(path: str, st: os.stat_result) -> None:
@@ -483,8 +514,8 @@ def build_event(
     ``node`` is the node a node hook runs on (None for ``epilog_slurmctld``: the event is
     about the job, not about a node). Raises HookError without a job id.
     """
-    if hook not in KIND:
-        raise HookError(f"unknown hook {hook!r}; one of {', '.join(HOOKS)}")
+    if hook not in EVENT_HOOKS:
+        raise HookError(f"unknown hook {hook!r}; one of {', '.join(EVENT_HOOKS)}")
     job = job_id(env)
     nodelist = _node_list(env)
     payload: dict[str, Any] = {
@@ -722,30 +753,38 @@ def run_hook(
     *,
     now: float | None = None,
     config: HookConfig | None = None,
+    out: TextIO | None = None,
 ) -> int:
     """Run ``hook`` for Slurm's environment ``env`` (default ``os.environ``); the exit status.
 
     0 whatever goes wrong (each problem logged as one line); 1 only when the prolog's health
     gate refuses the node. ``config`` defaults to :func:`load_hook_config` (the file named by
-    ``$SRECOVERY_CONFIG``, else /etc/slurm-recovery/config.toml).
+    ``$SRECOVERY_CONFIG``, else /etc/slurm-recovery/config.toml). ``out`` (default stdout)
+    gets the TaskProlog's ``export`` lines, and nothing else from any hook.
     """
     env = os.environ if env is None else env
     now = time.time() if now is None else now
     try:
-        if hook not in KIND:
+        if hook not in HOOKS:
             raise HookError(f"unknown hook {hook!r}; one of {', '.join(HOOKS)}")
         if config is None:
             config = load_hook_config(env)
+        if hook == "task_prolog":
+            return _run_task_prolog(config, env, sys.stdout if out is None else out)
         if hook == "epilog_slurmctld":
             return _run_ctld(config, env, now)
         return _run_node(hook, config, env, now)
     except HookConfigError as exc:
-        log(hook, f"configuration unusable, event dropped: {exc}")
+        log(hook, f"configuration unusable, {_lost(hook)}: {exc}")
     except HookError as exc:
-        log(hook, f"event dropped: {exc}")
+        log(hook, f"{_lost(hook)}: {exc}")
     except Exception as exc:  # the job must never pay for our bug
-        log(hook, f"event dropped: unexpected {type(exc).__name__}: {exc}")
+        log(hook, f"{_lost(hook)}: unexpected {type(exc).__name__}: {exc}")
     return EXIT_OK
+
+
+def _lost(hook: str) -> str:
+    return "progress file not set" if hook == "task_prolog" else "event dropped"
 
 
 def _run_node(hook: str, config: HookConfig, env: Mapping[str, str], now: float) -> int:
@@ -763,6 +802,8 @@ def _run_node(hook: str, config: HookConfig, env: Mapping[str, str], now: float)
             event["payload"]["health_gate"] = {"refused": True, "reason": why, "fatal": fatal}
         elif fatal or "failing open" in why:
             log(hook, f"job {event['job_id']} allowed on {node}: {why}")
+    if hook == "prolog" and not refuse:  # before job_start: the sidecar finds it in place
+        make_job_dir(config, env, node, event["job_id"])
     spool = config.sidecar_spool(node)
     try:
         spool_event(spool, event)
@@ -773,6 +814,69 @@ def _run_node(hook: str, config: HookConfig, env: Mapping[str, str], now: float)
     if refuse:
         log(hook, f"refusing job {event['job_id']}: {event['payload']['health_gate']['reason']}")
         return EXIT_REFUSE
+    return EXIT_OK
+
+
+def _job_owner(env: Mapping[str, str]) -> tuple[int, int]:
+    """The job user's uid and gid (``SLURM_JOB_UID``/``SLURM_JOB_GID``, which slurmd gives
+    the prolog; the user's primary group when the gid is missing)."""
+    uid = _int(env.get("SLURM_JOB_UID"))
+    if uid is None or uid >= 2**32 - 1:
+        raise HookError(f"SLURM_JOB_UID is {env.get('SLURM_JOB_UID')!r}, not a uid")
+    gid = _int(env.get("SLURM_JOB_GID"))
+    if gid is None or gid >= 2**32 - 1:
+        import pwd
+
+        try:
+            gid = pwd.getpwuid(uid).pw_gid
+        except KeyError:
+            raise HookError(f"no SLURM_JOB_GID, and uid {uid} has no passwd entry") from None
+    return uid, gid
+
+
+def make_job_dir(config: HookConfig, env: Mapping[str, str], node: str, job: int) -> str | None:
+    """Create the job's directory on this node for the job user (:func:`jobdir.create`); its
+    path, or None after logging why not. Never raises: the job starts without it."""
+    try:
+        uid, gid = _job_owner(env)
+        return jobdir.create(config["hooks.job_dir"], node, job, uid, gid)
+    except Exception as exc:
+        log("prolog", f"job {job}: no job directory on {node} (no progress file): {exc}")
+        return None
+
+
+def task_prolog_lines(config: HookConfig, env: Mapping[str, str]) -> list[str]:
+    """What the TaskProlog prints for the task whose environment is ``env``: ``export
+    SRECOVERY_PROGRESS_FILE=<job dir>/progress.jsonl`` and, unless the job set its own,
+    ``export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=<job dir>/nccl_trace_rank_``. A value that points
+    into this job's directory on another node is not the job's own: srun passed on what the
+    TaskProlog of the batch step exported, and it is replaced. Raises HookError when the job
+    directory is missing or not writable by this user (Slurm does not unquote a value, so the
+    path is printed as it is; the config check keeps newlines out of it)."""
+    job = job_id(env)
+    node = config.node_name(env)
+    path = config.job_dir(node, job)
+    if not os.path.isdir(path):
+        raise HookError(f"job {job}: no job directory {path} (did the prolog run?)")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise HookError(f"job {job}: {path} is not writable by uid {os.getuid()}")
+    lines = [f"export {PROGRESS_ENV}={jobdir.progress_file(path)}"]
+    own = env.get(NCCL_TRACE_ENV)
+    if own is None or jobdir.is_job_path(config["hooks.job_dir"], job, own):
+        lines.append(f"export {NCCL_TRACE_ENV}={jobdir.nccl_trace_prefix(path)}")
+    if any(ord(c) < 0x20 for line in lines for c in line):
+        raise HookError(f"job {job}: {path!r} holds a control character")
+    return lines
+
+
+def _run_task_prolog(config: HookConfig, env: Mapping[str, str], out: TextIO) -> int:
+    try:
+        lines = task_prolog_lines(config, env)
+    except HookError as exc:
+        log("task_prolog", f"progress file not set: {exc}")
+        return EXIT_OK
+    out.write("".join(line + "\n" for line in lines))
+    out.flush()
     return EXIT_OK
 
 
@@ -803,7 +907,7 @@ def main(hook: str) -> int:
         return run_hook(hook)
     except BaseException as exc:  # even KeyboardInterrupt/SystemExit: Slurm gets 0
         with suppress(BaseException):
-            log(hook, f"event dropped: {type(exc).__name__}: {exc}")
+            log(hook, f"{_lost(hook)}: {type(exc).__name__}: {exc}")
         return EXIT_OK
 
 
@@ -820,18 +924,62 @@ def source_hooks_dir() -> Path | None:
     return None
 
 
+def runnable_by_everyone(path: str | os.PathLike[str]) -> bool:
+    """Can any user execute ``path``: the file (links resolved) and every directory above it
+    open to others? (A job user must run the TaskProlog's Python; a virtual environment
+    under a private home is out of reach.)"""
+    real = os.path.realpath(path)
+    try:
+        if not os.stat(real).st_mode & 0o001:
+            return False
+        folder = os.path.dirname(real)
+        while True:
+            if not os.stat(folder).st_mode & 0o001:
+                return False
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                return True
+            folder = parent
+    except OSError:
+        return False
+
+
+def python_for_job_users(python: str | os.PathLike[str]) -> str:
+    """``python`` when every user can run it, else the system's ``/usr/bin/python3`` when that
+    is 3.11 or newer and open to all (the TaskProlog script then imports the package from its
+    own source tree), else ``python`` (jobs of other users than its owner get no variables)."""
+    import subprocess
+
+    if runnable_by_everyone(python):
+        return str(python)
+    system = "/usr/bin/python3"
+    if runnable_by_everyone(system):
+        check = [system, "-I", "-c", "import sys; sys.exit(sys.version_info < (3, 11))"]
+        with suppress(OSError, subprocess.SubprocessError):
+            if subprocess.run(check, capture_output=True, timeout=30).returncode == 0:
+                return system
+    return str(python)
+
+
 def write_hook_wrappers(
     dest_dir: str | os.PathLike[str],
     config_path: str | os.PathLike[str],
     python: str | os.PathLike[str] = sys.executable,
+    *,
+    user_python: str | os.PathLike[str] | None = None,
 ) -> dict[str, Path]:
-    """Write three small ``/bin/sh`` executables into ``dest_dir`` that set
-    ``SRECOVERY_CONFIG=config_path`` and exec the hook with ``python`` (so a virtual
+    """Write a small ``/bin/sh`` executable per hook into ``dest_dir`` that sets
+    ``SRECOVERY_CONFIG=config_path`` and runs the hook with ``python`` (so a virtual
     environment's package imports). Returns ``{"prolog": path, "epilog": path,
-    "epilog_slurmctld": path}``, the values for slurm.conf's Prolog=, Epilog= and
-    EpilogSlurmctld= (:func:`slurm_conf_lines`). Each wrapper runs the source tree's
-    ``hooks/*/srecovery-*`` script when this package comes from a source tree, else
-    ``python -m slurm_recovery.hooks HOOK``."""
+    "epilog_slurmctld": path, "task_prolog": path}``, the values for slurm.conf's Prolog=,
+    Epilog=, EpilogSlurmctld= and TaskProlog= (:func:`slurm_conf_lines`). Each wrapper runs
+    the source tree's ``hooks/*/srecovery-*`` script when this package comes from a source
+    tree, else ``python -m slurm_recovery.hooks HOOK``.
+
+    The TaskProlog runs as the job user, with the job's environment: its wrapper uses
+    ``user_python`` (default: :func:`python_for_job_users`), isolated (``-I``: the job's
+    PYTHONPATH, PYTHONHOME or user site cannot break it), and exits 0 even when that Python
+    cannot start, since a failing TaskProlog fails the task."""
     import shlex
     from pathlib import Path
 
@@ -839,20 +987,27 @@ def write_hook_wrappers(
     dest.mkdir(mode=0o755, parents=True, exist_ok=True)
     config_file = Path(config_path).absolute()
     source = source_hooks_dir()
+    if user_python is None:
+        user_python = python_for_job_users(python)
     written: dict[str, Path] = {}
     for hook in HOOKS:
         if source is not None:
             target = [str(source / SCRIPT_DIRS[hook] / SCRIPT_NAMES[hook])]
         else:
             target = ["-m", "slurm_recovery.hooks", hook]
-        command = " ".join(shlex.quote(part) for part in (str(python), *target))
+        if hook == "task_prolog":
+            command = " ".join(shlex.quote(p) for p in (str(user_python), "-I", *target))
+            run = f'{command} "$@"\nexit 0\n'
+        else:
+            command = " ".join(shlex.quote(part) for part in (str(python), *target))
+            run = f'exec {command} "$@"\n'
         text = (
             "#!/bin/sh\n"
             "# Written by slurm_recovery.hooks.write_hook_wrappers: the slurm-recovery "
             f"{hook} hook with its config file.\n"
             f"SRECOVERY_CONFIG={shlex.quote(str(config_file))}\n"
             "export SRECOVERY_CONFIG\n"
-            f'exec {command} "$@"\n'
+            f"{run}"
         )
         path = dest / SCRIPT_NAMES[hook]
         tmp = dest / (SCRIPT_NAMES[hook] + ".tmp")
@@ -865,13 +1020,11 @@ def write_hook_wrappers(
 
 def slurm_conf_lines(wrappers: Mapping[str, str | os.PathLike[str]]) -> list[str]:
     """The slurm.conf lines that install the hooks at ``wrappers`` (docs/hooks.md): Prolog,
-    Epilog, EpilogSlurmctld, ``PrologFlags=Alloc`` (run the prolog on every node at
-    allocation) and ``SchedulerParameters=nohold_on_prolog_fail`` (a job the health gate
-    refused is requeued, not held)."""
+    Epilog, EpilogSlurmctld, TaskProlog (when given), ``PrologFlags=Alloc`` (run the prolog
+    on every node at allocation) and ``SchedulerParameters=nohold_on_prolog_fail`` (a job the
+    health gate refused is requeued, not held)."""
     return [
-        f"Prolog={wrappers['prolog']}",
-        f"Epilog={wrappers['epilog']}",
-        f"EpilogSlurmctld={wrappers['epilog_slurmctld']}",
+        *(f"{SLURM_CONF_KEYS[hook]}={wrappers[hook]}" for hook in HOOKS if hook in wrappers),
         "PrologFlags=Alloc",
         "SchedulerParameters=nohold_on_prolog_fail",
     ]

@@ -23,7 +23,15 @@ import socket
 import threading
 import time
 
-__all__ = ["ENV_FILE", "ENV_INTERVAL", "Reporter", "flush", "report"]
+__all__ = [
+    "ENV_FILE",
+    "ENV_FR_DUMP_AFTER",
+    "ENV_INTERVAL",
+    "Reporter",
+    "dump_flight_recorder_when_stalled",
+    "flush",
+    "report",
+]
 
 #: The environment variable naming the progress file (set for the job by slurm-recovery).
 ENV_FILE = "SRECOVERY_PROGRESS_FILE"
@@ -32,6 +40,11 @@ ENV_INTERVAL = "SRECOVERY_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL = 1.0
 #: After a failed write, the reporter stays quiet this long before it tries again.
 RETRY_AFTER = 60.0
+#: Seconds without a new step after which the process dumps PyTorch's flight recorder (unset:
+#: never; see :func:`dump_flight_recorder_when_stalled`).
+ENV_FR_DUMP_AFTER = "SRECOVERY_FR_DUMP_AFTER"
+#: Where PyTorch names its dumps (the rank is appended); the first one set is used.
+FR_PATH_VARIABLES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 
 
 def _rank() -> int | None:
@@ -45,6 +58,13 @@ def _rank() -> int | None:
 def _host() -> str:
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     return name.split(".", 1)[0]
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def _interval() -> float:
@@ -189,6 +209,9 @@ def _default() -> Reporter:
             )
             if path:
                 atexit.register(reporter.close)
+                after = os.environ.get(ENV_FR_DUMP_AFTER)
+                if after:
+                    dump_flight_recorder_when_stalled(_float(after))
             _reporter = reporter
         return _reporter
 
@@ -218,10 +241,100 @@ def flush() -> None:
         return
 
 
+class _StallDumper(threading.Thread):
+    """Dumps the flight recorder once per stall: when no step was reported for ``after``
+    seconds. A daemon thread, so it runs while the main thread is blocked in a collective."""
+
+    def __init__(self, after: float, clock=time.time) -> None:
+        super().__init__(name="srecovery-fr-dump", daemon=True)
+        self.after = after
+        self._clock = clock
+        self._last_step: int | None = None
+        self._last_change = clock()
+        self._dumped_for: int | None = None
+        self.stop = threading.Event()
+        self.dumps = 0
+
+    def run(self) -> None:
+        while not self.stop.wait(min(1.0, self.after / 4)):
+            try:
+                self.check()
+            except Exception:  # never into the training process
+                continue
+
+    def check(self) -> str | None:
+        reporter = _reporter
+        step = reporter._step if reporter is not None else None
+        now = self._clock()
+        if step != self._last_step:
+            self._last_step, self._last_change = step, now
+            return None
+        if step is None or now - self._last_change < self.after or self._dumped_for == step:
+            return None
+        self._dumped_for = step
+        path = dump_flight_recorder()
+        if path:
+            self.dumps += 1
+        return path
+
+
+def dump_flight_recorder() -> str | None:
+    """Write this process's PyTorch flight-recorder trace where PyTorch would name it
+    (``$TORCH_FR_DUMP_TEMP_FILE`` or ``$TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, plus the rank).
+    Returns the path, or None when there is nothing to dump (torch.distributed not in use, no
+    path set, no trace). Written to a temporary name and renamed, so a reader never sees half.
+    Never raises."""
+    try:
+        import sys
+
+        torch = sys.modules.get("torch")  # never imported here: only a job using it dumps
+        if torch is None or not torch.distributed.is_initialized():
+            return None
+        prefix = next((os.environ[v] for v in FR_PATH_VARIABLES if os.environ.get(v)), None)
+        if prefix is None:
+            return None
+        c10d = torch._C._distributed_c10d
+        dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+        if dump is None:
+            return None
+        data = dump()
+        path = f"{prefix}{torch.distributed.get_rank()}"
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            fh.write(data if isinstance(data, bytes) else str(data).encode())
+        os.replace(tmp, path)
+        return path
+    except Exception:
+        return None
+
+
+_dumper: _StallDumper | None = None
+
+
+def dump_flight_recorder_when_stalled(after: float) -> None:
+    """Dump PyTorch's flight recorder when this process reported no new step for ``after``
+    seconds (once per stall). gloo never dumps by itself and NCCL only on its own timeout
+    (minutes); a dump taken while the job is stuck lets slurm-recovery name the ranks that
+    never entered the stuck collective. Call once, after ``report`` is in use; also turned on
+    by ``SRECOVERY_FR_DUMP_AFTER=<seconds>``. Never raises."""
+    global _dumper
+    try:
+        seconds = float(after)
+        if not math.isfinite(seconds) or seconds <= 0 or _dumper is not None:
+            return
+        _dumper = _StallDumper(seconds)
+        _dumper.start()
+    except Exception:
+        return
+
+
 def _reset() -> None:
     """Forget the process-wide reporter, so that the next call reads the environment again."""
-    global _reporter
+    global _reporter, _dumper
     with _init_lock:
         if _reporter is not None:
             _reporter.close()
         _reporter = None
+        if _dumper is not None:
+            _dumper.stop.set()
+        _dumper = None

@@ -18,7 +18,9 @@ from typing import Any, Protocol
 #: - ``job_start``    {nodes, gpus?, stdout?, stderr?, restart_count, context}
 #: - ``job_end``      {exit_code, signal, derived_exit_code?, restart_count, nodes, context}
 #: - ``sidecar_status`` {dropped, queued, sources: {name: "ok"|error text}}
-#: - ``progress``     {step, ts, rank?, origin: "log"} (job-log follower, per job)
+#: - ``progress``     {step, ts, rank?, origin: "log"} (job-log follower, per job), or
+#:                    {step, ts, origin: "file", rank?, tokens?, samples?, step_time?, loss?}
+#:                    (progress-file follower; loss "nan"/"inf"/"-inf" when not finite)
 #: - ``log_signature``{signature, fault_class, blame_node, text, knock_on, ...} (ditto)
 KINDS = (
     "xid",

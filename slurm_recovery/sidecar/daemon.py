@@ -2,9 +2,10 @@
 into evidence and delivers it to the controller.
 
 Three threads. The fast loop (every ``sidecar.fast_interval``) polls the fast sources (kernel
-log XIDs, injected XIDs, the hook spool) and sends a ``sidecar_status`` event every minute;
-the slow loop (every ``sidecar.poll_interval``) polls the GPU backend and InfiniBand, so a
-hung NVML call never delays an XID; the sender drains the outbox. Each finding is appended
+log XIDs, injected XIDs, the hook spool, job logs and progress files) and sends a
+``sidecar_status`` event every minute; the slow loop (every ``sidecar.poll_interval``) polls
+the GPU backend and InfiniBand, so a hung NVML call never delays an XID; the sender drains the
+outbox. Each finding is appended
 to the on-disk outbox (then, and only then, its source may forget it) and the sender is woken
 at once. After each slow poll, and whenever the set changes, ``<spool_dir>/health.json``
 lists the open fatal GPU conditions for the prolog health gate. A source's failure is logged
@@ -484,7 +485,7 @@ def main(config_path: Path | None, node: str | None, once: bool, insecure_no_aut
         timeout=CONTROLLER_TIMEOUT,
     )
     sender = Sender(outbox, client, node, side.batch_max_events)
-    registry = build(side, node, spool_dir)
+    registry = build(side, node, spool_dir, config.hooks.job_dir)
     sidecar = Sidecar(
         node,
         registry,

@@ -30,6 +30,7 @@ KMSG_SOURCE = "slurm_recovery.sidecar.sources.kmsg:KmsgSource"
 INFINIBAND_SOURCE = "slurm_recovery.sidecar.sources.infiniband:InfinibandSource"
 SIM_XID_SOURCE = "slurm_recovery.sidecar.sim:SimXidSource"
 JOBLOG_SOURCE = "slurm_recovery.sidecar.sources.joblog:JobLogSource"
+PROGRESSFILE_SOURCE = "slurm_recovery.sidecar.sources.progressfile:ProgressFileSource"
 
 
 def load(target: str) -> Any:
@@ -74,8 +75,11 @@ def open_gpu_backend(sidecar: SidecarConfig, node: str) -> Any:
     return cls(expected_gpus=sidecar.expected_gpus, timeout=sidecar.nvml_timeout)
 
 
-def build(sidecar: SidecarConfig, node: str, spool_dir: Path) -> Registry:
-    """Open every source ``sidecar`` asks for, for ``node``; state files go to ``spool_dir``."""
+def build(
+    sidecar: SidecarConfig, node: str, spool_dir: Path, job_dir: str | Path | None = None
+) -> Registry:
+    """Open every source ``sidecar`` asks for, for ``node``; state files go to ``spool_dir``.
+    ``job_dir``: ``hooks.job_dir``, where the jobs' progress files are (None: not followed)."""
     registry = Registry()
 
     def attempt(name: str, make: Callable[[], Source | None]) -> Source | None:
@@ -98,6 +102,8 @@ def build(sidecar: SidecarConfig, node: str, spool_dir: Path) -> Registry:
         attempt("infiniband", lambda: load(INFINIBAND_SOURCE)(sidecar.ib_sysfs))
     attempt("hook_spool", lambda: SpoolSource(HookSpool(spool_dir), node))
     attempt("joblog", lambda: load(JOBLOG_SOURCE)(node))
+    if job_dir is not None:
+        attempt("progressfile", lambda: load(PROGRESSFILE_SOURCE)(node, str(job_dir)))
     return registry
 
 

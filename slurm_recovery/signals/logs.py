@@ -4,8 +4,9 @@ Three parts, all pure except loading the catalogue file:
 
 - :func:`load_signatures` reads the catalogue (``signals/data/signatures.toml``, data an admin
   can read and extend) and checks every entry, including that its example line is recognised;
-- :meth:`SignatureCatalogue.scan` (and :func:`scan`) turn lines into :class:`Match` values. A
-  combined literal prefilter skips ordinary lines at C speed; only lines holding a keyword are
+- :meth:`SignatureCatalogue.scan` (and :func:`scan`, ``scan_text``, ``scan_file``) turn lines
+  into :class:`Match` values. A prefilter of a few literal regexes (:func:`prefilter_patterns`)
+  finds the lines that hold a keyword in a few passes over a whole block; only those lines are
   tried against the signatures' patterns, first match wins. NVRM Xid lines go through the
   kmsg XID parser and the XID catalogue;
 - :func:`classify` turns matches into a :class:`LogVerdict`: the first failure in time across
@@ -24,6 +25,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from itertools import islice, repeat
 from typing import Any
 
 from slurm_recovery.config import ConfigError, did_you_mean
@@ -47,6 +49,7 @@ __all__ = [
     "evidence_payload",
     "load_signatures",
     "nested_quantifiers",
+    "prefilter_patterns",
     "read_log",
     "scan",
 ]
@@ -299,7 +302,7 @@ class SignatureCatalogue:
     xids: XidCatalogue
     source: str = "<code>"
     _anchors: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    _anchor_bytes: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
+    _prefilters: tuple[re.Pattern[bytes], ...] = field(init=False, repr=False, compare=False)
     _by_id: Mapping[str, Signature] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -307,7 +310,7 @@ class SignatureCatalogue:
         # A keyword that contains another keyword adds nothing to the prefilter.
         anchors = tuple(sorted(w for w in words if not any(o != w and o in w for o in words)))
         object.__setattr__(self, "_anchors", anchors)
-        object.__setattr__(self, "_anchor_bytes", tuple(a.encode("utf-8") for a in anchors))
+        object.__setattr__(self, "_prefilters", prefilter_patterns(anchors))
         object.__setattr__(self, "_by_id", {s.id: s for s in self.signatures})
 
     @property
@@ -315,9 +318,32 @@ class SignatureCatalogue:
         """The literal texts the prefilter looks for (the keywords, minus redundant ones)."""
         return self._anchors
 
+    @property
+    def prefilters(self) -> tuple[re.Pattern[bytes], ...]:
+        """The prefilter's regexes (:func:`prefilter_patterns`): one pass over a block each."""
+        return self._prefilters
+
     def candidate(self, line: str) -> bool:
         """Whether ``line`` holds a keyword (the prefilter, for one line)."""
         return any(a in line for a in self._anchors)
+
+    def candidates(self, data: bytes) -> list[int]:
+        """Offsets of the lines of ``data`` (``\\n``-separated) that hold a keyword, in order.
+
+        One pass per prefilter regex (a handful); after a hit a pass resumes at the next line,
+        so a long line full of keywords costs no more than one look at it."""
+        find, rfind = data.find, data.rfind
+        starts: set[int] = set()
+        for regex in self._prefilters:
+            search = regex.search
+            found = search(data)
+            while found is not None:
+                starts.add(rfind(b"\n", 0, found.start()) + 1)
+                end = find(b"\n", found.start())
+                if end < 0:
+                    break
+                found = search(data, end + 1)
+        return sorted(starts)
 
     def __len__(self) -> int:
         return len(self.signatures)
@@ -338,13 +364,34 @@ class SignatureCatalogue:
         source: str | None = None,
         year: int | None = None,
     ) -> Match | None:
-        """The first signature that recognises ``line`` (no prefilter: callers did it)."""
+        """The first signature that recognises ``line`` (no prefilter: callers did it).
+
+        A line rewritten in place with carriage returns (a progress bar, then an error on the
+        same terminal line) is matched part by part, as a terminal shows it."""
         line = line.rstrip("\r\n")
         host_override: str | None = None
         when_override: float | None = None
         journal = _journal_json(line)
         if journal is not None:
             line, host_override, when_override = journal
+        if "\r" not in line:
+            return self._match(line, line_no, source, year, host_override, when_override)
+        for part in line.split("\r"):
+            if self.candidate(part):
+                found = self._match(part, line_no, source, year, host_override, when_override)
+                if found is not None:
+                    return found
+        return None
+
+    def _match(
+        self,
+        line: str,
+        line_no: int,
+        source: str | None,
+        year: int | None,
+        host_override: str | None,
+        when_override: float | None,
+    ) -> Match | None:
         for signature in self.signatures:
             if not any(k in line for k in signature.keywords):
                 continue
@@ -397,23 +444,14 @@ class SignatureCatalogue:
     ) -> Iterator[Match]:
         """Matches in ``text`` (lines separated by ``\\n``), numbered from ``first_line``.
 
-        The prefilter runs on bytes: one ``bytes.find`` pass per keyword over the block, at
-        memory speed; only the lines holding a keyword are decoded and matched."""
-        data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+        The prefilter runs on bytes (:meth:`candidates`); only the lines holding a keyword
+        are decoded and matched."""
+        data = _encode(text) if isinstance(text, str) else text
         year = year if year is not None else _this_year()
-        starts: set[int] = set()
-        find, rfind = data.find, data.rfind
-        for anchor in self._anchor_bytes:  # one pass per keyword; hits are rare
-            position = find(anchor)
-            while position >= 0:
-                starts.add(rfind(b"\n", 0, position) + 1)
-                end = find(b"\n", position)
-                if end < 0:
-                    break
-                position = find(anchor, end)
+        find = data.find
         line_no = first_line
         counted = 0  # data[:counted] has been counted into line_no
-        for start in sorted(starts):
+        for start in self.candidates(data):
             line_no += data.count(b"\n", counted, start)
             counted = start
             end = find(b"\n", start)
@@ -429,25 +467,23 @@ class SignatureCatalogue:
         *,
         source: str | None = None,
         year: int | None = None,
+        first_line: int = 1,
     ) -> Iterator[Match]:
-        """Matches in ``lines`` (one line each, with or without its newline), in order."""
-        batch: list[bytes] = []
-        first = 1
-        for line in lines:
-            raw = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else bytes(line)
-            if raw.endswith(b"\n"):
-                raw = raw[:-1]
-            if b"\n" in raw:
-                raw = raw.replace(b"\n", b" ")
-            batch.append(raw)
-            if len(batch) >= _BATCH:
-                block = b"\n".join(batch)
-                yield from self.scan_text(block, first_line=first, source=source, year=year)
-                first += len(batch)
-                batch = []
-        if batch:
-            block = b"\n".join(batch)
+        """Matches in ``lines`` (one line each, with or without its newline), in order,
+        numbered from ``first_line``.
+
+        Lines are joined into blocks of ``_BATCH`` and scanned as text (:meth:`scan_text`);
+        a newline inside a line becomes a space, so numbering stays one per item."""
+        year = year if year is not None else _this_year()
+        items = iter(lines)
+        first = first_line
+        while True:
+            batch = list(islice(items, _BATCH))
+            if not batch:
+                return
+            block = _join_lines(batch)
             yield from self.scan_text(block, first_line=first, source=source, year=year)
+            first += len(batch)
 
     def scan_file(
         self, path: str | os.PathLike[str], *, source: str | None = None, year: int | None = None
@@ -540,6 +576,130 @@ def _clip(text: str) -> str:
 
 def _this_year() -> int:
     return time.gmtime().tm_year
+
+
+def _encode(text: str) -> bytes:
+    """UTF-8 with undecodable bytes (``surrogateescape``) given back; any other lone
+    surrogate cannot be a log byte and is replaced rather than failing the scan."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace")
+
+
+def _join_lines(batch: list[Any]) -> bytes:
+    """One ``\\n``-separated block of ``batch``'s lines, one line per item: a trailing newline
+    is dropped and any other becomes a space.
+
+    The two common shapes are joined at C speed: items that each end with their only newline
+    (iterating a file) and items without newlines (``str.splitlines()`` output)."""
+    text = isinstance(batch[0], str)
+    newline: Any = "\n" if text else b"\n"
+    try:
+        if batch[0].endswith(newline):
+            joined = ("" if text else b"").join(batch)
+            last_ends = batch[-1].endswith(newline)
+            if joined.count(newline) == len(batch) - (0 if last_ends else 1) and all(
+                map(type(newline).endswith, batch[:-1], repeat(newline))
+            ):
+                return _as_bytes(joined[:-1] if last_ends else joined)
+        else:
+            block = newline.join(batch)
+            if block.count(newline) == len(batch) - 1:
+                return _as_bytes(block)
+    except (TypeError, AttributeError):
+        pass  # mixed str and bytes, or other bytes-like items: one at a time below
+    return b"\n".join(_one_line(item) for item in batch)
+
+
+def _as_bytes(block: str | bytes) -> bytes:
+    return _encode(block) if isinstance(block, str) else bytes(block)
+
+
+def _one_line(item: str | bytes) -> bytes:
+    raw = _encode(item) if isinstance(item, str) else bytes(item)
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+    return raw.replace(b"\n", b" ") if b"\n" in raw else raw
+
+
+# Rough share (%) of each lowercase letter in English text: log text is mostly English words,
+# numbers and punctuation, and the prefilter searches for the rarest bytes it can.
+_ENGLISH = (
+    "e12.7 t9.1 a8.2 o7.5 i7.0 n6.7 s6.3 h6.1 r6.0 d4.3 l4.0 c2.8 u2.8 m2.4 w2.4 f2.2 g2.0 "
+    "y2.0 p1.9 b1.5 v1.0 k0.8 j.15 x.15 q.1 z.07"
+)
+_LETTER_SHARE = {pair[0]: float(pair[1:]) for pair in _ENGLISH.split()}
+# What a byte that starts a match attempt costs, relative to one pass over the block: a pass
+# runs at about 0.3 ns/byte; an attempt at a candidate byte costs about 2.5 ns.
+_ATTEMPT_PER_PERCENT = 0.09
+
+
+def _byte_share(byte: int) -> float:
+    """Guessed share (%) of ``byte`` in a log: the cost of searching for it."""
+    char = chr(byte)
+    if char in _LETTER_SHARE:
+        return _LETTER_SHARE[char]
+    if char == " ":
+        return 15.0
+    if "0" <= char <= "9":
+        return 5.0
+    if char in ".,:;/-_=[]()'\"|":
+        return 2.0
+    if "A" <= char <= "Z":
+        return 0.5
+    return 0.2
+
+
+def prefilter_patterns(anchors: Iterable[str]) -> tuple[re.Pattern[bytes], ...]:
+    """The prefilter as a few regexes that together find every anchor (as UTF-8 bytes).
+
+    Python's regex engine searches fast (a tight byte loop, gigabytes a second) only for a
+    pattern that begins with one literal byte; a pattern that may begin with several bytes
+    crawls (a few hundred MB/s), and ``bytes.find`` once per anchor costs a pass per anchor.
+    So the anchors are covered greedily by a few *search bytes*, rare ones preferred, each
+    anchor found by its search byte: the regex for byte ``o`` is ``o`` followed by a trie of
+    what follows ``o`` in each anchor, and a look-behind checks the part of the anchor before
+    the ``o``. Literals only, so the search is linear: no backtracking beyond the longest
+    anchor."""
+    words = sorted({a.encode("utf-8") for a in anchors if a})
+    uncovered = set(words)
+    patterns: list[re.Pattern[bytes]] = []
+    while uncovered:
+        counts: dict[int, int] = {}
+        for word in uncovered:
+            for byte in set(word):
+                counts[byte] = counts.get(byte, 0) + 1
+
+        # cost per anchor covered: one more pass, plus an attempt at each occurrence
+        pick = min(
+            counts,
+            key=lambda b: ((1 + _ATTEMPT_PER_PERCENT * _byte_share(b)) / counts[b], b),
+        )
+        group = sorted(w for w in uncovered if pick in w)
+        uncovered.difference_update(group)
+        entries = []
+        for word in group:
+            at = word.index(pick)
+            entries.append((word[at + 1 :], word if at else None))
+        patterns.append(re.compile(re.escape(bytes([pick])) + _trie(entries)))
+    return tuple(patterns)
+
+
+def _trie(entries: list[tuple[bytes, bytes | None]]) -> bytes:
+    """A regex for ``rest`` followed by a look-behind for ``whole`` (when given), for each
+    ``(rest, whole)``, with shared beginnings written once."""
+    branches: list[bytes] = []
+    heads: dict[bytes, list[tuple[bytes, bytes | None]]] = {}
+    for rest, whole in entries:
+        if rest:
+            heads.setdefault(rest[:1], []).append((rest[1:], whole))
+        elif whole is None:
+            return b""  # an anchor ends here: found; what else could follow is irrelevant
+        else:
+            branches.append(b"(?<=" + re.escape(whole) + b")")
+    branches += [re.escape(head) + _trie(sub) for head, sub in sorted(heads.items())]
+    return branches[0] if len(branches) == 1 else b"(?:" + b"|".join(branches) + b")"
 
 
 # ------------------------------------------------------------------------ reading logs

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -287,6 +288,8 @@ class ProgressLineParser:
 
 # ------------------------------------------------------------------------------ the file
 
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
 
 def _finite(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -326,8 +329,13 @@ def parse_record(line: str | bytes) -> ProgressSample | None:
 
 class ProgressFileReader:
     """Follows one progress file: each :meth:`read` returns the samples of the complete lines
-    added since the last one (at most ``max_bytes`` of them). A file that was replaced or
-    truncated is read again from its start; a missing file is no samples. Never raises."""
+    added since the last one (at most ``max_bytes`` of them; :attr:`caught_up` is False when
+    more is waiting). A file that was replaced or truncated is read again from its start; a
+    missing file is no samples. Never raises.
+
+    The sidecar reads as root a file in a directory the job user owns, so the file is opened
+    without following a symlink and without blocking (a FIFO planted there must not hang the
+    reader), and only a regular file is read (:attr:`error` says what else was found)."""
 
     def __init__(self, path: str | os.PathLike[str], max_bytes: int = 4 << 20) -> None:
         self.path = os.fspath(path)
@@ -336,23 +344,34 @@ class ProgressFileReader:
         self._inode: tuple[int, int] | None = None
         self._partial = b""
         self.error: str | None = None
+        self.caught_up = True
 
     def read(self) -> list[ProgressSample]:
+        self.caught_up = True
         try:
-            with open(self.path, "rb") as fh:
-                st = os.fstat(fh.fileno())
-                inode = (st.st_dev, st.st_ino)
-                if inode != self._inode or st.st_size < self._offset:
-                    self._inode, self._offset, self._partial = inode, 0, b""
-                fh.seek(self._offset)
-                data = fh.read(self.max_bytes)
+            fd = os.open(self.path, _OPEN_FLAGS)
         except FileNotFoundError:
             self.error = None
             return []
         except OSError as exc:
             self.error = f"{self.path}: {exc.strerror or exc}"
             return []
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self.error = f"{self.path}: not a regular file"
+                return []
+            inode = (st.st_dev, st.st_ino)
+            if inode != self._inode or st.st_size < self._offset:
+                self._inode, self._offset, self._partial = inode, 0, b""
+            data = os.pread(fd, self.max_bytes, self._offset)
+        except OSError as exc:
+            self.error = f"{self.path}: {exc.strerror or exc}"
+            return []
+        finally:
+            os.close(fd)
         self.error = None
+        self.caught_up = len(data) < self.max_bytes
         self._offset += len(data)
         data = self._partial + data
         lines = data.split(b"\n")

@@ -6,7 +6,11 @@ controller with MUNGE, and the prolog health gate draining a node through Slurm 
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import re
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -66,8 +70,10 @@ class HookCluster:
         return state if state in ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL") else None
 
     def set_gate(self, on: bool) -> None:
-        text = self.config.read_text().split("\n[hooks]\n")[0]
-        self.config.write_text(f"{text}\n[hooks]\nhealth_gate = {'true' if on else 'false'}\n")
+        """hooks.health_gate on or off; the rest of the file (hooks.job_dir too) stays."""
+        text = re.sub(r"(?m)^health_gate = .*\n", "", self.config.read_text())
+        gate = f"health_gate = {'true' if on else 'false'}\n"
+        self.config.write_text(text.replace("\n[hooks]\n", f"\n[hooks]\n{gate}", 1))
 
     def write_health(self, node: str, fatal: list[dict]) -> Path:
         path = self.base / "spool" / node / hooks.HEALTH_FILE
@@ -256,3 +262,98 @@ def test_health_gate_refuses_a_node_with_a_fatal_finding(cluster):
         cluster.set_gate(False)
         devstack.write_policy(cluster.base / "policy.toml", "monitor")
         cluster.scheduler.resume_node("n1")
+
+
+# --------------------------------------------------------------------------------- progress file
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Each task reports 30 steps, 0.2 s apart, through the training-side API, and says where.
+TASK = """
+import os, time
+from slurm_recovery import progress
+print(os.environ["SLURMD_NODENAME"], os.environ.get("SRECOVERY_PROGRESS_FILE"),
+      os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), flush=True)
+for step in range(1, 31):
+    time.sleep(0.2)
+    progress.report(step, tokens=1024, loss=1.0 / step, step_time=0.1)
+"""
+
+
+def test_a_jobs_tasks_report_progress_through_their_nodes_files(cluster):
+    """A 2-node job of an unprivileged user: the prolog makes each node's job directory for
+    that user, the TaskProlog hands each task its node's progress file, the tasks write it
+    with slurm_recovery.progress, both nodes' sidecars send it to the controller as
+    ``progress`` evidence (origin "file"), and remove the directories when the job ends."""
+    user = pwd.getpwnam("nobody")
+    python = hooks.python_for_job_users(sys.executable)
+    if not (hooks.runnable_by_everyone(python) and os.stat(REPO).st_mode & 0o005 == 0o005):
+        pytest.skip("no Python or checkout that the job user can reach")
+    out_dir = cluster.base / "out"
+    out_dir.mkdir(exist_ok=True)
+    out_dir.chmod(0o1777)
+    script = out_dir / "train.sh"
+    script.write_text(
+        f"#!/bin/sh\nexport PYTHONPATH={REPO}\nsrun --ntasks-per-node=1 {python} -c '{TASK}'\n"
+    )
+    script.chmod(0o755)
+    pid = devstack.start_controller(cluster.config, cluster.base / "controller-progress.log")
+    sidecars = {
+        node: devstack.start_sidecar(cluster.config, node, cluster.base / f"sidecar-{node}.log")
+        for node in cluster.spec.node_names
+    }
+    db = cluster.base / "state.db"
+
+    def progress(job_id: int) -> list:
+        with Store.open(db, readonly=True) as store:
+            found = [r.evidence for r in store.find_evidence(job_id=job_id)]
+        return [e for e in found if e.kind == "progress"]
+
+    try:
+        devstack.wait_healthy(cluster.url, pid=pid)
+        job_id = cluster.submit(
+            "-N2",
+            f"--uid={user.pw_uid}",
+            f"--gid={user.pw_gid}",
+            "--chdir=/tmp",
+            f"--output={out_dir}/train-%j.out",
+            str(script),
+        )
+        job = wait_for(
+            lambda: (j := cluster.scheduler.get_job(job_id)).state == "RUNNING" and j, timeout=30
+        )
+        nodes = sorted(job.nodes)
+        for node in nodes:  # while it runs: each node's directory belongs to the job user
+            where = cluster.base / "jobs" / node / str(job_id)
+            wait_for(lambda w=where: (w / "progress.jsonl").exists(), timeout=30)
+            st = where.stat()
+            assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (user.pw_uid, user.pw_gid, 0o700)
+            assert (where.parent.stat().st_uid, where.parent.stat().st_mode & 0o777) == (0, 0o755)
+        assert wait_for(lambda: cluster.finished(job_id), timeout=60) == "COMPLETED"
+
+        said = (out_dir / f"train-{job_id}.out").read_text().split()
+        for node in nodes:
+            where = cluster.base / "jobs" / node / str(job_id)
+            i = said.index(node)
+            assert said[i + 1 : i + 3] == [f"{where}/progress.jsonl", f"{where}/nccl_trace_rank_"]
+
+        def both_nodes_done() -> list:
+            found = [e for e in progress(job_id) if e.payload["step"] == 30]
+            return found if {e.node for e in found} == set(nodes) else []
+
+        wait_for(both_nodes_done, timeout=15)
+        evidence = progress(job_id)
+        assert {e.node for e in evidence} == set(nodes)
+        for e in evidence:
+            assert e.source == "sidecar" and e.payload["origin"] == "file"
+            assert e.payload["rank"] == nodes.index(e.node)  # one task per node, block layout
+            assert e.payload["tokens"] == 1024 * e.payload["step"]
+            assert e.payload["step_time"] == pytest.approx(0.1)
+            assert e.payload["loss"] == pytest.approx(1.0 / e.payload["step"])
+        # the sidecars removed each node's directory after the job ended
+        for node in nodes:
+            wait_for(lambda n=node: not (cluster.base / "jobs" / n / str(job_id)).exists(), 10)
+    finally:
+        for node, sidecar_pid in sidecars.items():
+            localcluster.stop_process(sidecar_pid, f"--node {node}")
+        localcluster.stop_process(pid, "slurm_recovery.controller")

@@ -4,14 +4,19 @@ tests/integration/test_hooks.py."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
+import pwd
 import re
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path, PurePosixPath
@@ -21,7 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_recovery import config as cfg
-from slurm_recovery import hooks, hostlist
+from slurm_recovery import hooks, hostlist, jobdir, progress
 from slurm_recovery.controller.wire import parse_event
 from slurm_recovery.scheduler.paths import expand_output_path
 from slurm_recovery.sidecar.spool import HookSpool
@@ -34,12 +39,14 @@ PROLOG_2205 = {
     "SLURMD_NODENAME": "n2",
     "SLURM_CLUSTER_NAME": "srlocal",
     "SLURM_JOBID": "41",
+    "SLURM_JOB_GID": "1000",
     "SLURM_JOB_ID": "41",
     "SLURM_JOB_NUM_NODES": "2",
     "SLURM_JOB_PARTITION": "debug",
     "SLURM_JOB_RESTART_COUNT": "0",
     "SLURM_JOB_STDIN": "/dev/null",
     "SLURM_JOB_STDOUT": "/home/alice/logs/train-%j.out",
+    "SLURM_JOB_UID": "1000",
     "SLURM_JOB_USER": "alice",
     "SLURM_JOB_WORK_DIR": "/home/alice",
     "SLURM_NODELIST": "n[1-2]",
@@ -51,6 +58,23 @@ EPILOG_2205 = {
     "SLURM_JOB_EXIT_CODE": "768",
     "SLURM_JOB_EXIT_CODE2": "3:0",
     "SLURM_JOB_DERIVED_EC": "0",
+}
+# What slurmstepd 22.05 gives the TaskProlog of the batch step (the job's environment besides;
+# recorded on the local cluster).
+TASK_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "SLURMD_NODENAME": "n2",
+    "SLURM_JOBID": "41",
+    "SLURM_JOB_GID": "1000",
+    "SLURM_JOB_ID": "41",
+    "SLURM_JOB_NODELIST": "n[1-2]",
+    "SLURM_JOB_UID": "1000",
+    "SLURM_JOB_USER": "alice",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "1",
+    "SLURM_PROCID": "1",
+    "SLURM_SCRIPT_CONTEXT": "prolog_task",
+    "SLURM_STEP_ID": "0",
 }
 # What slurmctld 22.05 gives EpilogSlurmctld.
 CTLD_2205 = {
@@ -80,7 +104,7 @@ def make_config(tmp_path: Path, **sections: dict) -> hooks.HookConfig:
             "policy": f"{tmp_path}/policy.toml",
         },
         "client": {"url": "http://127.0.0.1:9"},
-        "hooks": {"controller_timeout": 0.5},
+        "hooks": {"controller_timeout": 0.5, "job_dir": f"{tmp_path}/jobs/{{node}}"},
     }
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)
@@ -94,6 +118,16 @@ def make_config(tmp_path: Path, **sections: dict) -> hooks.HookConfig:
 
 def node_events(tmp_path: Path, node: str = "n2") -> list[dict]:
     return hooks.read_spooled(tmp_path / "spool" / node)
+
+
+def config_file(tmp_path: Path, extra: str = "", folder: Path | None = None) -> Path:
+    """A config file with the node spool and the job directories under ``tmp_path``."""
+    path = (folder or tmp_path) / "config.toml"
+    path.write_text(
+        f'[sidecar]\nspool_dir = "{tmp_path}/spool/{{node}}"\n'
+        f'[hooks]\njob_dir = "{tmp_path}/jobs/{{node}}"\n{extra}'
+    )
+    return path
 
 
 # --------------------------------------------------------------------------------- env -> event
@@ -265,7 +299,7 @@ def test_epilog_slurmctld_event_is_about_the_job_not_a_node():
     assert payload["stdout"] == "/home/alice/slurm-41.out"
 
 
-@pytest.mark.parametrize("hook", hooks.HOOKS)
+@pytest.mark.parametrize("hook", hooks.EVENT_HOOKS)
 @pytest.mark.parametrize("env", [PROLOG_2205, EPILOG_2205, CTLD_2205])
 def test_every_event_passes_the_controllers_wire_check(hook, env):
     event = hooks.build_event(hook, env, time.time(), node="n2")
@@ -439,9 +473,7 @@ def test_broken_config_file_exits_zero(tmp_path, capsys):
 
 
 def test_config_is_found_through_srecovery_config(tmp_path):
-    config_file = tmp_path / "config.toml"
-    config_file.write_text(f'[sidecar]\nspool_dir = "{tmp_path}/spool/{{node}}"\n')
-    env = {**PROLOG_2205, "SRECOVERY_CONFIG": str(config_file)}
+    env = {**PROLOG_2205, "SRECOVERY_CONFIG": str(config_file(tmp_path))}
     assert hooks.run_hook("prolog", env) == 0
     assert node_events(tmp_path)[0]["job_id"] == 41
 
@@ -451,9 +483,10 @@ def test_unexpected_bug_exits_zero(tmp_path, monkeypatch, capsys):
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(hooks, "build_event", boom)
+    monkeypatch.setattr(hooks, "task_prolog_lines", boom)
     for hook in hooks.HOOKS:
         assert hooks.run_hook(hook, PROLOG_2205, config=make_config(tmp_path)) == 0
-    assert capsys.readouterr().err.count("unexpected RuntimeError: a bug") == 3
+    assert capsys.readouterr().err.count("unexpected RuntimeError: a bug") == 4
 
 
 def test_main_swallows_even_base_exceptions(monkeypatch):
@@ -514,6 +547,7 @@ def test_refusal_exits_1_and_spools_the_reason(tmp_path, capsys):
     gate_info = event["payload"]["health_gate"]
     assert gate_info["refused"] is True and "ecc_dbe" in gate_info["reason"]
     assert "refusing job 41" in capsys.readouterr().err
+    assert not job_dir(tmp_path).exists()  # the job does not start here
 
 
 def test_the_epilog_never_gates(tmp_path):
@@ -743,6 +777,255 @@ def test_ctld_posts_the_event_as_json(tmp_path, no_munge):
     assert hooks.read_spooled(config["controller.spool_dir"]) == []
 
 
+# --------------------------------------------------------------------------------- job directory
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to the job user needs root")
+
+
+@pytest.fixture
+def open_tmp():
+    """A temporary directory every user can reach (pytest's own is private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="srecovery-jobdir-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def job_dir(tmp_path: Path, job: int = 41, node: str = "n2") -> Path:
+    return tmp_path / "jobs" / node / str(job)
+
+
+@needs_root
+def test_prolog_creates_the_job_directory_for_the_job_user(tmp_path):
+    old_umask = os.umask(0o077)  # slurmd's umask must not leave the folders closed to users
+    try:
+        assert hooks.run_hook("prolog", PROLOG_2205, now=NOW, config=make_config(tmp_path)) == 0
+    finally:
+        os.umask(old_umask)
+    st = job_dir(tmp_path).stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1000, 1000, 0o700)
+    for folder in (tmp_path / "jobs", tmp_path / "jobs" / "n2"):
+        st = folder.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755), folder
+    assert node_events(tmp_path)[0]["kind"] == "job_start"
+
+
+@needs_root
+def test_prolog_claims_again_the_directory_of_an_earlier_attempt(tmp_path):
+    config = make_config(tmp_path)
+    assert hooks.run_hook("prolog", PROLOG_2205, now=NOW, config=config) == 0
+    (job_dir(tmp_path) / "progress.jsonl").write_text('{"ts": 1, "step": 1}\n')
+    before = job_dir(tmp_path).stat()
+    time.sleep(0.02)
+    requeued = {**PROLOG_2205, "SLURM_JOB_RESTART_COUNT": "1"}
+    assert hooks.run_hook("prolog", requeued, now=NOW, config=config) == 0
+    after = job_dir(tmp_path).stat()
+    assert after.st_ino == before.st_ino and stat.S_IMODE(after.st_mode) == 0o700
+    assert after.st_ctime > before.st_ctime  # the sidecar sees it was claimed again
+    assert (job_dir(tmp_path) / "progress.jsonl").exists()
+
+
+@needs_root
+@pytest.mark.parametrize("planted", ["other_users_dir", "symlink", "file"])
+def test_prolog_replaces_anything_else_in_the_jobs_place(tmp_path, planted):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("not yours")
+    root = tmp_path / "jobs" / "n2"
+    root.mkdir(parents=True)
+    place = root / "41"
+    if planted == "other_users_dir":
+        place.mkdir()
+        (place / "secret").write_text("the last user's")
+        os.chown(place, 2000, 2000)
+    elif planted == "symlink":
+        place.symlink_to(outside)
+    else:
+        place.write_text("a file")
+    assert hooks.run_hook("prolog", PROLOG_2205, now=NOW, config=make_config(tmp_path)) == 0
+    st = os.lstat(place)
+    assert stat.S_ISDIR(st.st_mode) and (st.st_uid, stat.S_IMODE(st.st_mode)) == (1000, 0o700)
+    assert os.listdir(place) == []
+    assert sorted(os.listdir(root)) == ["41"]  # nothing left over
+    assert (outside / "keep").read_text() == "not yours" and outside.stat().st_uid == 0
+
+
+def test_prolog_without_the_job_uid_logs_one_line_and_the_job_starts(tmp_path, capsys):
+    env = {k: v for k, v in PROLOG_2205.items() if k != "SLURM_JOB_UID"}
+    assert hooks.run_hook("prolog", env, now=NOW, config=make_config(tmp_path)) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "job 41: no job directory on n2" in err
+    assert "SLURM_JOB_UID" in err
+    assert not job_dir(tmp_path).exists()
+    assert node_events(tmp_path)[0]["kind"] == "job_start"
+
+
+@needs_root
+def test_prolog_without_the_job_gid_takes_the_users_group(tmp_path):
+    nobody = pwd.getpwnam("nobody")
+    env = {**PROLOG_2205, "SLURM_JOB_UID": str(nobody.pw_uid)}
+    del env["SLURM_JOB_GID"]
+    assert hooks.run_hook("prolog", env, now=NOW, config=make_config(tmp_path)) == 0
+    st = job_dir(tmp_path).stat()
+    assert (st.st_uid, st.st_gid) == (nobody.pw_uid, nobody.pw_gid)
+
+
+@pytest.mark.parametrize("unsafe", ["world_writable", "other_owner"])
+def test_prolog_refuses_a_root_others_could_write_to(tmp_path, capsys, unsafe):
+    root = tmp_path / "jobs" / "n2"
+    root.mkdir(parents=True)
+    if unsafe == "world_writable":
+        root.chmod(0o777)
+        problem = "writable by group or others"
+    else:
+        os.chown(root, 2000, 2000)
+        problem = "owned by uid 2000"
+    assert hooks.run_hook("prolog", PROLOG_2205, now=NOW, config=make_config(tmp_path)) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and problem in err
+    assert os.listdir(root) == []
+    assert node_events(tmp_path)[0]["kind"] == "job_start"
+
+
+def task_prolog(tmp_path: Path, env: dict[str, str] = TASK_ENV) -> tuple[int, str]:
+    out = io.StringIO()
+    code = hooks.run_hook("task_prolog", env, config=make_config(tmp_path), out=out)
+    return code, out.getvalue()
+
+
+@needs_root
+def test_task_prolog_exports_the_progress_file_and_the_nccl_dump_prefix(tmp_path, capsys):
+    assert hooks.run_hook("prolog", PROLOG_2205, now=NOW, config=make_config(tmp_path)) == 0
+    code, out = task_prolog(tmp_path)
+    assert code == 0
+    where = job_dir(tmp_path)
+    assert out == (
+        f"export SRECOVERY_PROGRESS_FILE={where}/progress.jsonl\n"
+        f"export TORCH_NCCL_DEBUG_INFO_TEMP_FILE={where}/nccl_trace_rank_\n"
+    )
+    assert capsys.readouterr() == ("", "")
+    # what the job's own setting asked for stays
+    code, out = task_prolog(tmp_path, {**TASK_ENV, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/t_"})
+    assert out == f"export SRECOVERY_PROGRESS_FILE={where}/progress.jsonl\n"
+    # what srun carried over from the batch step on another node is replaced
+    batch_node = {
+        **TASK_ENV,
+        "SRECOVERY_PROGRESS_FILE": f"{job_dir(tmp_path, node='n1')}/progress.jsonl",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{job_dir(tmp_path, node='n1')}/nccl_trace_rank_",
+    }
+    code, out = task_prolog(tmp_path, batch_node)
+    assert out.splitlines() == [
+        f"export SRECOVERY_PROGRESS_FILE={where}/progress.jsonl",
+        f"export TORCH_NCCL_DEBUG_INFO_TEMP_FILE={where}/nccl_trace_rank_",
+    ]
+
+
+def test_task_prolog_without_a_job_directory_prints_nothing(tmp_path, capsys):
+    code, out = task_prolog(tmp_path)
+    assert (code, out) == (0, "")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"progress file not set: job 41: no job directory {job_dir(tmp_path)}" in err
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {k: v for k, v in TASK_ENV.items() if k not in ("SLURM_JOB_ID", "SLURM_JOBID")},
+        {**TASK_ENV, "SLURMD_NODENAME": "../../etc"},
+    ],
+)
+def test_task_prolog_refuses_odd_environments_quietly(tmp_path, capsys, env):
+    assert task_prolog(tmp_path, env) == (0, "")
+    assert "progress file not set" in capsys.readouterr().err
+
+
+@needs_root
+def test_task_prolog_script_runs_as_the_job_user_whatever_the_jobs_python(open_tmp):
+    """The real executable, as Slurm runs it: the job user, the job's environment, which here
+    has a PATH whose python3 prints rubbish and a PYTHONHOME that breaks any Python started
+    without -I."""
+    nobody = pwd.getpwnam("nobody")
+    config = config_file(open_tmp)
+    config.chmod(0o644)
+    env = {**PROLOG_2205, "SLURM_JOB_UID": str(nobody.pw_uid), "SLURM_JOB_GID": "0"}
+    assert (
+        hooks.run_hook(
+            "prolog", env, now=NOW, config=hooks.load_hook_config({"SRECOVERY_CONFIG": str(config)})
+        )
+        == 0
+    )
+    fake = open_tmp / "bin"
+    fake.mkdir(mode=0o755)
+    (fake / "python3").write_text("#!/bin/sh\necho export EVIL=1\n")
+    (fake / "python3").chmod(0o755)
+    script = REPO / "hooks" / "task_prolog" / "srecovery-task-prolog"
+    job_env = {
+        **TASK_ENV,
+        "PATH": f"{fake}:/usr/bin:/bin",
+        "PYTHONHOME": "/nonexistent",
+        "PYTHONPATH": str(fake),
+        "SRECOVERY_CONFIG": str(config),
+    }
+    if not hooks.runnable_by_everyone(script) or not hooks.runnable_by_everyone("/usr/bin/python3"):
+        pytest.skip("this checkout or /usr/bin/python3 is not reachable by other users")
+    done = subprocess.run(
+        [str(script)], env=job_env, user=nobody.pw_uid, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    where = job_dir(open_tmp)
+    assert done.stdout == (
+        f"export SRECOVERY_PROGRESS_FILE={where}/progress.jsonl\n"
+        f"export TORCH_NCCL_DEBUG_INFO_TEMP_FILE={where}/nccl_trace_rank_\n"
+    )
+    # another user's job directory: not writable, so nothing is exported
+    other = {**job_env, "SLURM_JOB_ID": "42", "SLURM_JOBID": "42"}
+    assert (
+        hooks.run_hook(
+            "prolog",
+            {**env, "SLURM_JOB_ID": "42", "SLURM_JOBID": "42", "SLURM_JOB_UID": "1000"},
+            now=NOW,
+            config=hooks.load_hook_config({"SRECOVERY_CONFIG": str(config)}),
+        )
+        == 0
+    )
+    done = subprocess.run(
+        [str(script)], env=other, user=nobody.pw_uid, capture_output=True, text=True, timeout=30
+    )
+    assert (done.returncode, done.stdout) == (0, "")
+    assert f"not writable by uid {nobody.pw_uid}" in done.stderr
+    # a config file the job user cannot read: nothing exported either
+    config.chmod(0o600)
+    done = subprocess.run(
+        [str(script)], env=job_env, user=nobody.pw_uid, capture_output=True, text=True, timeout=30
+    )
+    assert (done.returncode, done.stdout) == (0, "")
+    assert "configuration unusable" in done.stderr
+
+
+def test_task_prolog_wrapper_exits_zero_when_its_python_cannot_start(tmp_path):
+    wrappers = hooks.write_hook_wrappers(
+        tmp_path / "bin", config_file(tmp_path), user_python=tmp_path / "no-such-python"
+    )
+    text = wrappers["task_prolog"].read_text()
+    assert text.rstrip().endswith("exit 0") and "exec " not in text
+    done = subprocess.run([str(wrappers["task_prolog"])], env=TASK_ENV, capture_output=True)
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert b"no-such-python" in done.stderr
+
+
+def test_python_for_job_users_prefers_one_everyone_can_run(tmp_path):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    python = private / "python3"
+    python.symlink_to(sys.executable)
+    assert not hooks.runnable_by_everyone(python)
+    chosen = hooks.python_for_job_users(python)
+    assert chosen in ("/usr/bin/python3", str(python))
+    if hooks.runnable_by_everyone(sys.executable):
+        assert hooks.python_for_job_users(sys.executable) == sys.executable
+
+
 # --------------------------------------------------------------------------------- executables
 
 
@@ -750,19 +1033,21 @@ def test_hook_scripts_are_executable_python():
     for hook in hooks.HOOKS:
         script = REPO / "hooks" / hooks.SCRIPT_DIRS[hook] / hooks.SCRIPT_NAMES[hook]
         assert os.access(script, os.X_OK), script
-        assert script.read_text().startswith("#!/usr/bin/env python3\n")
+        # slurmd runs the root hooks with no PATH; the TaskProlog runs with the job's PATH,
+        # which must not pick the interpreter (a conda python3 without the package)
+        shebang = "#!/usr/bin/python3 -I\n" if hook == "task_prolog" else "#!/usr/bin/env python3\n"
+        assert script.read_text().startswith(shebang)
         assert f'main("{hook}")' in script.read_text()
 
 
 def test_wrappers_run_the_hooks_with_their_config(tmp_path):
-    config_file = tmp_path / "config.toml"
-    config_file.write_text(
-        f'[sidecar]\nspool_dir = "{tmp_path}/spool/{{node}}"\n'
+    config = config_file(
+        tmp_path,
         f'[controller]\nspool_dir = "{tmp_path}/ctl-spool"\n'
         f'[client]\nurl = "http://127.0.0.1:{free_port()}"\n'
-        f'[auth]\nmunge_socket = "{tmp_path}/no-munge.socket"\n'
+        f'[auth]\nmunge_socket = "{tmp_path}/no-munge.socket"\n',
     )
-    wrappers = hooks.write_hook_wrappers(tmp_path / "bin", config_file)
+    wrappers = hooks.write_hook_wrappers(tmp_path / "bin", config)
     assert set(wrappers) == set(hooks.HOOKS)
     for hook, env in (
         ("prolog", PROLOG_2205),
@@ -775,6 +1060,12 @@ def test_wrappers_run_the_hooks_with_their_config(tmp_path):
         done = subprocess.run([str(path)], env=env, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
     assert [e["kind"] for e in node_events(tmp_path)] == ["job_start", "job_end"]
+    assert (tmp_path / "jobs" / "n2" / "41").is_dir()
+    task = subprocess.run(
+        [str(wrappers["task_prolog"])], env=TASK_ENV, capture_output=True, text=True, timeout=30
+    )
+    assert task.returncode == 0, task.stderr
+    assert task.stdout.startswith(f"export SRECOVERY_PROGRESS_FILE={tmp_path}/jobs/n2/41/")
     (ctld,) = hooks.read_spooled(tmp_path / "ctl-spool")
     assert ctld["payload"]["context"] == "epilog_slurmctld"
     assert not list((tmp_path / "bin").glob("*.tmp"))
@@ -782,10 +1073,10 @@ def test_wrappers_run_the_hooks_with_their_config(tmp_path):
 
 def test_wrappers_fall_back_to_the_module_outside_a_source_tree(tmp_path, monkeypatch):
     monkeypatch.setattr(hooks, "source_hooks_dir", lambda: None)
-    config_file = tmp_path / "config.toml"
-    config_file.write_text(f'[sidecar]\nspool_dir = "{tmp_path}/spool/{{node}}"\n')
-    wrappers = hooks.write_hook_wrappers(tmp_path / "bin", config_file, python=sys.executable)
+    config = config_file(tmp_path)
+    wrappers = hooks.write_hook_wrappers(tmp_path / "bin", config, python=sys.executable)
     assert "-m slurm_recovery.hooks prolog" in wrappers["prolog"].read_text()
+    assert "-I -m slurm_recovery.hooks task_prolog" in wrappers["task_prolog"].read_text()
     done = subprocess.run([str(wrappers["prolog"])], env=PROLOG_2205, capture_output=True)
     assert done.returncode == 0, done.stderr
     assert node_events(tmp_path)[0]["kind"] == "job_start"
@@ -794,9 +1085,7 @@ def test_wrappers_fall_back_to_the_module_outside_a_source_tree(tmp_path, monkey
 def test_wrapper_quotes_awkward_paths(tmp_path):
     odd = tmp_path / "it's here"
     odd.mkdir()
-    config_file = odd / "config.toml"
-    config_file.write_text(f'[sidecar]\nspool_dir = "{tmp_path}/spool/{{node}}"\n')
-    wrappers = hooks.write_hook_wrappers(odd / "bin", config_file)
+    wrappers = hooks.write_hook_wrappers(odd / "bin", config_file(tmp_path, folder=odd))
     done = subprocess.run([str(wrappers["prolog"])], env=PROLOG_2205, capture_output=True)
     assert done.returncode == 0, done.stderr
     assert node_events(tmp_path)[0]["job_id"] == 41
@@ -833,6 +1122,13 @@ def test_slurm_conf_lines():
         "PrologFlags=Alloc",
         "SchedulerParameters=nohold_on_prolog_fail",
     ]
+    with_task = {
+        "prolog": "/a/p",
+        "epilog": "/a/e",
+        "epilog_slurmctld": "/a/c",
+        "task_prolog": "/t",
+    }
+    assert hooks.slurm_conf_lines(with_task)[3] == "TaskProlog=/t"
 
 
 def test_deadline_gives_an_outer_timer_back():
@@ -858,7 +1154,10 @@ def test_the_light_reader_agrees_with_the_config_module_on_defaults():
     assert str(cfg.DEFAULT_CONFIG_PATH) == hooks.DEFAULT_CONFIG_PATH
     assert hooks.CONFIG_ENV_VAR == cfg.CONFIG_ENV_VAR
     assert hooks.URL_ENV_VAR == cfg.URL_ENV_VAR
-    assert hooks.NODE_PLACEHOLDER == cfg.NODE_PLACEHOLDER
+    assert hooks.NODE_PLACEHOLDER == cfg.NODE_PLACEHOLDER == jobdir.NODE_PLACEHOLDER
+    assert hooks.PROGRESS_ENV == progress.ENV_FILE
+    # every [hooks] key is the hooks' own, so their reader knows each of them
+    assert {k.dotted for k in cfg.KEYS if k.section == "hooks"} <= set(hooks.HOOK_DEFAULTS)
     for dotted, value in hooks.HOOK_DEFAULTS.items():
         expected = cfg.DEFAULTS[dotted]
         assert value == (str(expected) if isinstance(expected, Path) else expected), dotted
@@ -875,6 +1174,7 @@ gpu_backend = "sim"
 [hooks]
 health_gate = true
 controller_timeout = "250ms"
+job_dir = "{base}/jobs/{{node}}/"
 [controller]
 spool_dir = "{base}/ctl"
 policy = "{base}/policy.toml"
@@ -899,6 +1199,8 @@ def test_the_light_reader_reads_what_the_config_module_reads(tmp_path):
     assert light["sidecar.poll_interval"] == full.sidecar.poll_interval == 90
     assert light["hooks.health_gate"] is full.hooks.health_gate is True
     assert light["hooks.controller_timeout"] == full.hooks.controller_timeout == 0.25
+    assert light.job_dir("n3", 41) == jobdir.job_dir_for(str(full.hooks.job_dir), "n3", 41)
+    assert light.job_dir("n3", 41) == f"{tmp_path}/jobs/n3/41"
     assert light["controller.spool_dir"] == str(full.controller.spool_dir)
     assert light["controller.policy"] == str(full.controller.policy)
     assert light["client.url"] == full.client.url == "http://head1:7765"
@@ -923,6 +1225,9 @@ def test_the_default_file_may_be_absent(monkeypatch, tmp_path):
         ("[sidecar]\npoll_interval = -1\n", "sidecar.poll_interval"),
         ('[sidecar]\nnode = "bad name"\n', "sidecar.node"),
         ('[sidecar]\nspool_dir = "/x/{host}"\n', "sidecar.spool_dir"),
+        ('[hooks]\njob_dir = "jobs/{node}"\n', "hooks.job_dir"),
+        ('[hooks]\njob_dir = "/x/{job}"\n', "hooks.job_dir"),
+        ('[hooks]\njob_dir = "/x/a\\nexport LD_PRELOAD=/y"\n', "hooks.job_dir"),
         ('[controller]\nspool_dir = "x"\n', "controller.spool_dir"),
         ('[client]\nurl = "head1:7765"\n', "client.url"),
         ("[auth]\nmunge_socket = 7\n", "auth.munge_socket"),
@@ -1039,21 +1344,22 @@ def test_fast_host_lists_match_clustershell_property(prefix, ranges, width, suff
 
 
 def test_the_hot_path_imports_neither_the_config_module_nor_clustershell(tmp_path):
-    config_file = tmp_path / "config.toml"
-    config_file.write_text(f'[sidecar]\nspool_dir = "{tmp_path}/spool/{{node}}"\n')
+    config = config_file(tmp_path)
     code = (
         "import sys\n"
         "from slurm_recovery import hooks\n"
         "assert hooks.run_hook('prolog') == 0\n"
         "assert hooks.run_hook('epilog') == 0\n"
+        "assert hooks.run_hook('task_prolog', out=sys.stderr) == 0\n"
         "loaded = {'slurm_recovery.config', 'ClusterShell', 'slurm_recovery.client', "
         "'slurm_recovery.decide.policy', 'dataclasses'} & set(sys.modules)\n"
         "print(sorted(loaded))\n"
     )
-    env = {**EPILOG_2205, "SRECOVERY_CONFIG": str(config_file), "PATH": os.environ["PATH"]}
+    env = {**EPILOG_2205, "SRECOVERY_CONFIG": str(config), "PATH": os.environ["PATH"]}
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
     assert len(node_events(tmp_path)) == 2
+    assert "export SRECOVERY_PROGRESS_FILE=" in done.stderr  # the task prolog ran through

@@ -1,8 +1,11 @@
-"""The job-log follower, on real files: progress and signatures from a growing stdout."""
+"""The job-log follower, on real files: progress and signatures from a growing stdout and stderr."""
 
 from __future__ import annotations
 
+import logging
+
 from slurm_recovery.sidecar.base import Finding
+from slurm_recovery.sidecar.sources import joblog
 from slurm_recovery.sidecar.sources.joblog import MAX_SIGNATURES, PROGRESS_EVERY, JobLogSource
 
 
@@ -64,3 +67,125 @@ def test_signature_floods_are_capped(tmp_path):
     start(source, out)
     assert len([f for f in source.poll(1.0) if f.kind == "log_signature"]) == MAX_SIGNATURES
     assert source.poll(2.0 + PROGRESS_EVERY) == []
+
+
+# ------------------------------------------------------------------ stderr, job end, budget
+
+ERROR = "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+ECC = "[rank5]: RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+BENIGN = "NCCL WARN NET/IB : Got completion from peer 10.0.0.2 with status=12\n"
+
+
+def start_both(source: JobLogSource, stdout, stderr, job_id: int = 7) -> None:
+    payload = {"nodes": ["n1"], "stdout": str(stdout), "stderr": str(stderr)}
+    source.see([Finding("job_start", 1.0, job_id=job_id, payload=payload)])
+
+
+def end(source: JobLogSource, job_id: int = 7) -> None:
+    source.see([Finding("job_end", 9.0, job_id=job_id, payload={})])
+
+
+def signatures(findings: list[Finding]) -> list[dict]:
+    return [dict(f.payload) for f in findings if f.kind == "log_signature"]
+
+
+def test_stderr_is_followed_with_its_own_offset_and_line_numbers(tmp_path):
+    out, err = tmp_path / "o.out", tmp_path / "o.err"
+    source = JobLogSource("n1")
+    start_both(source, out, err)
+    out.write_text(line(1) + line(2))
+    err.write_text("warming up\n")
+    assert [f.kind for f in source.poll(10.0)] == ["progress"]
+    with err.open("a") as f:
+        f.write("still fine\n" + ERROR)
+    with out.open("a") as f:
+        f.write(line(3) + BENIGN)
+    found = signatures(source.poll(10.0 + PROGRESS_EVERY))
+    by_stream = {p["stream"]: p for p in found}
+    assert by_stream["stderr"]["signature"] == "cuda.illegal_memory_access"
+    assert by_stream["stderr"]["line_no"] == 3  # the file's own line, across polls
+    assert by_stream["stdout"]["signature"] == "nccl.warn"
+    assert by_stream["stdout"]["line_no"] == 4
+
+
+def test_one_file_for_both_streams_is_read_once(tmp_path):
+    out = tmp_path / "o.out"
+    out.write_text(ERROR)
+    source = JobLogSource("n1")
+    start_both(source, out, out)
+    assert [p["stream"] for p in signatures(source.poll(1.0))] == ["stdout"]
+
+
+def test_job_end_reads_the_whole_rest_and_the_unfinished_last_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(joblog, "READ_LIMIT", 1024)
+    out, err = tmp_path / "o.out", tmp_path / "o.err"
+    source = JobLogSource("n1")
+    start_both(source, out, err)
+    out.write_text("".join(line(i) for i in range(1, 2001)) + ERROR)
+    err.write_text("x" * 5000 + "\n" + ECC.rstrip("\n"))  # no newline at the very end
+    first = source.poll(1.0)
+    assert signatures(first) == []  # far behind: 1 KB per file per poll
+    end(source)
+    found = signatures(source.poll(2.0))
+    assert sorted((p["stream"], p["signature"], p["line_no"]) for p in found) == [
+        ("stderr", "cuda.ecc_uncorrectable", 2),
+        ("stdout", "cuda.illegal_memory_access", 2001),
+    ]
+    assert source.jobs == {}
+
+
+def test_job_end_skips_the_middle_of_a_huge_rest_but_reads_the_end(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(joblog, "END_READ_LIMIT", 64 * 1024)
+    out = tmp_path / "o.out"
+    out.write_text(ERROR + "".join(line(i) for i in range(1, 20001)) + ECC)
+    source = JobLogSource("n1")
+    start(source, out)
+    end(source)
+    with caplog.at_level(logging.WARNING, logger="srecovery.sidecar.joblog"):
+        found = source.poll(1.0)
+    (only,) = signatures(found)
+    assert only["signature"] == "cuda.ecc_uncorrectable"
+    assert only["line_no"] is None  # lines before it were skipped: its number is unknown
+    assert "read the last 65536, skipped the rest" in caplog.text
+    assert [f.payload["step"] for f in found if f.kind == "progress"] == [20000]
+
+
+def test_the_first_and_the_last_signatures_are_kept(tmp_path, caplog):
+    out = tmp_path / "o.out"
+    out.write_text(BENIGN * 120)
+    source = JobLogSource("n1")
+    start(source, out)
+    assert len(signatures(source.poll(1.0))) == MAX_SIGNATURES
+    with out.open("a") as f:
+        f.write(ECC + BENIGN * 30 + ERROR)
+    live = signatures(source.poll(2.0))
+    # a decisive line is reported at once, past the budget; the benign flood is not
+    assert [p["signature"] for p in live] == ["cuda.ecc_uncorrectable"]
+    end(source)
+    with caplog.at_level(logging.INFO, logger="srecovery.sidecar.joblog"):
+        tail = signatures(source.poll(3.0))
+    assert len(tail) == MAX_SIGNATURES
+    assert tail[-1]["signature"] == "cuda.illegal_memory_access"  # the end is never lost
+    assert tail[-1]["line_no"] == 120 + 1 + 30 + 1
+    assert [p["line_no"] for p in tail] == sorted(p["line_no"] for p in tail)
+    assert "signature line(s) not reported" in caplog.text
+
+
+def test_a_line_that_never_ends_is_read_up_to_its_last_carriage_return(tmp_path, monkeypatch):
+    monkeypatch.setattr(joblog, "MAX_PARTIAL", 4096)
+    err = tmp_path / "o.err"
+    bar = "".join(f"Epoch 0:  {i % 100}%|##   | {i}/9000 [00:01<00:09]\r" for i in range(200))
+    err.write_text(bar + ERROR.rstrip("\n") + "\r" + bar)  # tqdm on stderr: no newline yet
+    source = JobLogSource("n1")
+    start_both(source, tmp_path / "o.out", err)
+    (found,) = signatures(source.poll(1.0))
+    assert (found["signature"], found["stream"], found["line_no"]) == (
+        "cuda.illegal_memory_access",
+        "stderr",
+        1,
+    )
+    (stream,) = [s for s in source.jobs[7].streams if s.name == "stderr"]
+    assert len(stream.partial) <= 4096 + joblog.READ_LIMIT
+    with err.open("a") as f:
+        f.write("\n" + ERROR)
+    assert [p["line_no"] for p in signatures(source.poll(2.0))] == [2]

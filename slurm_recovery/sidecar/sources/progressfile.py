@@ -1,0 +1,195 @@
+"""The progress file of every job running on this node, followed while it runs.
+
+The Prolog gives each job a directory on each of its nodes and the TaskProlog points the job's
+tasks at ``<job dir>/progress.jsonl`` (:mod:`slurm_recovery.jobdir`), which
+:mod:`slurm_recovery.progress` appends to. Every node has its own file, holding the ranks that
+run there, so every node's sidecar follows it (not only the batch node's, unlike the job log).
+
+The ``job_start`` of the Prolog (through this node's hook spool) starts following a job, its
+``job_end`` ends it with a last read, after which the directory is removed. The latest sample
+per rank goes out as ``progress`` evidence at most every ``PROGRESS_EVERY`` seconds per job:
+the first new step after a quiet spell goes out at once, later ones wait out the rest of the
+interval. Job directories found at start are followed too (their ``job_start`` went out before
+a restart), after those untouched for ``jobdir.STALE_AFTER`` are removed as leftovers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_recovery import jobdir
+from slurm_recovery.decide.hang import ProgressSample
+from slurm_recovery.sidecar.base import Finding
+from slurm_recovery.signals.progress import ProgressFileReader
+
+log = logging.getLogger("srecovery.sidecar.progressfile")
+
+#: Seconds between two progress findings of one job.
+PROGRESS_EVERY = 2.0
+#: The last read at job end reads at most this many chunks of the reader's ``max_bytes``.
+FINAL_READS = 16
+
+
+def loss_value(loss: float) -> float | str:
+    """A loss for the wire: a number, or ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has none of
+    these, and the controller refuses a payload that holds them)."""
+    if math.isfinite(loss):
+        return loss
+    return "nan" if math.isnan(loss) else ("inf" if loss > 0 else "-inf")
+
+
+def progress_payload(sample: ProgressSample) -> dict[str, Any]:
+    """The ``progress`` evidence payload of one progress-file sample."""
+    payload: dict[str, Any] = {"step": sample.step, "ts": sample.ts, "origin": "file"}
+    if sample.rank is not None:
+        payload["rank"] = sample.rank
+    for key in ("tokens", "samples", "step_time"):
+        value = getattr(sample, key)
+        if value is not None:
+            payload[key] = value
+    if sample.loss is not None:
+        payload["loss"] = loss_value(sample.loss)
+    return payload
+
+
+@dataclass
+class _Followed:
+    job_id: int
+    reader: ProgressFileReader
+    #: samples from before this (the job_start) belong to an earlier attempt; None: keep all
+    since: float | None = None
+    latest: dict[int | None, ProgressSample] = field(default_factory=dict)
+    sent_steps: dict[int | None, int] = field(default_factory=dict)
+    last_sent: float = -math.inf
+    #: when the job ended on this node (its job_end); None while it runs
+    ended_at: float | None = None
+    #: the reader's last problem, logged once
+    error: str | None = None
+
+
+class ProgressFileSource:
+    """Fast source: follows ``<job_dir>/<job_id>/progress.jsonl`` of every job on this node."""
+
+    name = "progressfile"
+    fast = True
+
+    def __init__(self, node: str, job_dir: str) -> None:
+        self.node = node
+        self.template = job_dir
+        self.root = jobdir.node_root(job_dir, node)
+        #: running jobs, by id
+        self.jobs: dict[int, _Followed] = {}
+        #: jobs that ended, waiting for their last read and removal
+        self.ending: list[_Followed] = []
+        # see() runs in whichever loop queued the findings; poll() takes them in order
+        self._events: deque[Finding] = deque()
+        self._started = False
+        self._problem = ""
+
+    def _follow(self, job_id: int, since: float | None) -> _Followed:
+        path = jobdir.progress_file(jobdir.job_dir_for(self.template, self.node, job_id))
+        return _Followed(job_id, ProgressFileReader(path), since=since)
+
+    def see(self, findings: Iterable[Finding]) -> None:
+        """Note the job starts and ends the sidecar queued (all about this node: the hook
+        spool refuses events about another)."""
+        for f in findings:
+            if f.job_id is not None and f.kind in ("job_start", "job_end"):
+                self._events.append(f)
+
+    def _take_events(self) -> None:
+        while self._events:
+            f = self._events.popleft()
+            job_id = f.job_id
+            assert job_id is not None
+            if f.kind == "job_start":
+                if f.payload.get("health_gate"):
+                    continue  # refused here: the job did not start on this node
+                if job_id not in self.jobs:
+                    self.jobs[job_id] = self._follow(job_id, since=f.observed_at)
+            else:
+                job = self.jobs.pop(job_id, None) or self._follow(job_id, since=None)
+                job.ended_at = f.observed_at
+                self.ending.append(job)
+
+    def _start(self, now: float) -> None:
+        """Once: remove week-old leftovers, follow the job directories still there."""
+        self._started = True
+        try:
+            removed = jobdir.remove_stale(self.root, now)
+        except OSError as exc:
+            self._problem = f"cannot clean {self.root}: {exc}"
+            log.error("%s", self._problem)
+            return
+        if removed:
+            log.info("removed %d leftover job director(ies) in %s", len(removed), self.root)
+        for job_id in jobdir.job_ids(self.root):
+            self.jobs.setdefault(job_id, self._follow(job_id, since=None))
+
+    def poll(self, now: float) -> list[Finding]:
+        if not self._started:
+            self._start(now)
+        self._take_events()
+        out: list[Finding] = []
+        for job in list(self.jobs.values()):
+            self._read(job)
+            out += self._progress(job, now)
+        ending, self.ending = self.ending, []
+        for job in ending:
+            for _ in range(FINAL_READS):
+                self._read(job)
+                if job.reader.caught_up:
+                    break
+            out += self._progress(job, now, force=True)
+            self._remove(job)
+        return out
+
+    def _read(self, job: _Followed) -> None:
+        samples = job.reader.read()
+        if job.reader.error != job.error:
+            job.error = job.reader.error
+            if job.error:
+                log.warning("job %d: cannot read its progress file: %s", job.job_id, job.error)
+        for sample in samples:
+            if job.since is None or sample.ts >= job.since:
+                job.latest[sample.rank] = sample
+
+    def _progress(self, job: _Followed, now: float, force: bool = False) -> list[Finding]:
+        if not force and now - job.last_sent < PROGRESS_EVERY:
+            return []
+        fresh = [s for rank, s in job.latest.items() if job.sent_steps.get(rank) != s.step]
+        if not fresh:
+            return []
+        job.last_sent = now
+        out = []
+        for sample in fresh:
+            job.sent_steps[sample.rank] = sample.step
+            out.append(
+                Finding("progress", now, job_id=job.job_id, payload=progress_payload(sample))
+            )
+        return out
+
+    def _remove(self, job: _Followed) -> None:
+        """Remove the job's directory after its last read, unless a later attempt of the same
+        job started here meanwhile (it is running again, or the Prolog claimed the directory
+        after the job ended: :func:`jobdir.remove` checks that under the lock)."""
+        if job.job_id in self.jobs:
+            return
+        try:
+            jobdir.remove(self.root, job.job_id, unless_changed_after=job.ended_at)
+        except OSError as exc:  # left for the clean-up at the next start
+            log.warning("job %d: cannot remove its directory in %s: %s", job.job_id, self.root, exc)
+
+    def status(self) -> str:
+        if self._problem:
+            return self._problem
+        return f"ok, following {len(self.jobs)} job(s)"
+
+    def close(self) -> None:
+        self.jobs.clear()
+        self.ending.clear()
