@@ -79,7 +79,9 @@ class Reporter:
     """Buffers the latest step and writes it to ``path`` at most every ``interval`` seconds.
 
     ``path`` None: every call does nothing. Lines are appended with one ``write`` each on a file
-    opened ``O_APPEND``, so the ranks of one node may share the file.
+    opened ``O_APPEND``, so the ranks of one node may share the file. ``background``: a step
+    reported between two writes is written by a timer at the end of the interval, so a rank
+    that stops right after a step still shows that step (its last one) in the file.
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class Reporter:
         host: str | None = None,
         interval: float = DEFAULT_INTERVAL,
         clock=time.time,
+        background: bool = True,
     ) -> None:
         self.path = path or None
         self.rank = rank
@@ -109,6 +112,8 @@ class Reporter:
         self._loss: float | None = None
         self._step_time_sum = 0.0
         self._step_time_count = 0
+        self._background = background
+        self._timer: threading.Timer | None = None
 
     def report(
         self,
@@ -126,19 +131,26 @@ class Reporter:
             return
         try:
             now = self._clock()
-            self._step = step if type(step) is int else int(step)
-            self._ts = now
-            if tokens is not None:
-                self._tokens = (self._tokens or 0) + tokens
-            if samples is not None:
-                self._samples = (self._samples or 0) + samples
-            if loss is not None:
-                self._loss = float(loss)
-            if step_time is not None:
-                self._step_time_sum += float(step_time)
-                self._step_time_count += 1
+            with self._lock:  # the timer's flush reads these
+                self._step = step if type(step) is int else int(step)
+                self._ts = now
+                if tokens is not None:
+                    self._tokens = (self._tokens or 0) + tokens
+                if samples is not None:
+                    self._samples = (self._samples or 0) + samples
+                if loss is not None:
+                    self._loss = float(loss)
+                if step_time is not None:
+                    self._step_time_sum += float(step_time)
+                    self._step_time_count += 1
             if now >= self._next_write:
                 self.flush()
+            elif self._background and not (self._timer and self._timer.is_alive()):
+                # (a timer does not survive fork: is_alive() is False in the child)
+                delay = min(max(self._next_write - now, 0.0), self.interval)
+                self._timer = threading.Timer(delay, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
         except Exception:  # a bad argument or a full disk must never stop training
             return
 
@@ -191,6 +203,9 @@ class Reporter:
 
     def close(self) -> None:
         """Write what is buffered and close the file. Never raises."""
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
         self.flush()
         self._close()
 

@@ -132,6 +132,8 @@ def explain(ctx: click.Context, job_id: int, as_json: bool) -> None:
             f"incident {story['id']}: job {job_id} attempt {story['restart_count']} "
             f"({story['kind']}), {story['outcome'] or 'open'}"
         )
+        if story.get("summary"):
+            click.echo(f"  summary  {story['summary']}")
         click.echo(
             f"  verdict  {v.get('fault_class')} nodes={','.join(v.get('nodes', [])) or '-'}"
             f" confidence={v.get('confidence')} cause={v.get('cause') or '-'}"

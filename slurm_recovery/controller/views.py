@@ -62,6 +62,7 @@ def incident_summary(store: Store, incident: Incident) -> dict[str, Any]:
         "opened_at": iso(incident.opened_at),
         "closed_at": iso(incident.closed_at),
         "outcome": incident.outcome,
+        "summary": incident.summary,
         "advice": advice_json(advice) if advice else None,
         "latencies": milestone_latencies(milestones),
     }

@@ -16,11 +16,17 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_recovery.decide.model import ClusterView, Evidence, Incident, IncidentKind
 from slurm_recovery.decide.policy import HangPolicy, Policy
+from slurm_recovery.scheduler.base import Job
+from slurm_recovery.signals.flight_recorder import (
+    FlightRecorderError,
+    stuck_collective,
+    trace_from_payload,
+)
 
 #: Samples this many seconds before the attempt's start still belong to it (clock skew between
 #: nodes and the head node, whole-second start times); older ones are a previous attempt's.
@@ -254,8 +260,18 @@ def _number(value: object) -> float | None:
     return None
 
 
+def of_attempt(ev: Evidence, restart_count: int | None) -> bool:
+    """False when ``ev`` names another attempt of its job (``payload.restart_count``, which the
+    sidecar copies from the job_start); evidence that names none is judged by time alone."""
+    named = ev.payload.get("restart_count")
+    return restart_count is None or type(named) is not int or named == restart_count
+
+
 def progress_samples(
-    evidence: Iterable[Evidence], job_id: int, job_nodes: Sequence[str] = ()
+    evidence: Iterable[Evidence],
+    job_id: int,
+    job_nodes: Sequence[str] = (),
+    restart_count: int | None = None,
 ) -> list[ProgressSample]:
     """The ``progress`` evidence of one job as samples (``payload.ts`` when the sender knew
     when the step was reached, else when it was observed).
@@ -264,8 +280,13 @@ def progress_samples(
     which node each rank runs on and carries step times, the log often only rank 0's step. A
     log line names no node (the node that read the output is not where the rank runs); ranks
     are placed on ``job_nodes`` by Slurm's default block layout, see :func:`rank_node`.
+    ``restart_count``: leave out the evidence of other attempts (:func:`of_attempt`).
     """
-    mine = [ev for ev in evidence if ev.kind == "progress" and ev.job_id == job_id]
+    mine = [
+        ev
+        for ev in evidence
+        if ev.kind == "progress" and ev.job_id == job_id and of_attempt(ev, restart_count)
+    ]
     from_file = any(ev.payload.get("origin") == "file" for ev in mine)
     ranks = [ev.payload["rank"] for ev in mine if type(ev.payload.get("rank")) is int]
     world = max(ranks) + 1 if ranks else 0  # at least: log lines rarely show every rank
@@ -327,13 +348,17 @@ def hang_incidents(
         job = view.jobs[job_id]
         if job.state != "RUNNING" or (job_id, job.restart_count) in open_or_done:
             continue
-        samples = progress_samples(evidence, job_id, job.nodes)
+        samples = progress_samples(evidence, job_id, job.nodes, job.restart_count)
         if samples:
             kind = "progress"
             finding = detect_hang(job_id, samples, float(job.start_time), view.now, policy.hang)
         else:
             kind = "gpu_activity"
-            activity = [ev for ev in evidence if ev.kind == kind and ev.job_id == job_id]
+            activity = [
+                ev
+                for ev in evidence
+                if ev.kind == kind and ev.job_id == job_id and of_attempt(ev, job.restart_count)
+            ]
             finding = detect_gpu_idle(
                 job_id, activity, float(job.start_time), view.now, policy.hang
             )
@@ -342,6 +367,11 @@ def hang_incidents(
         ids = tuple(sorted(ev.id for ev in evidence if ev.kind == kind and ev.job_id == job_id))[
             -5:
         ]
+        summary = finding.summary
+        recorded = flight_recorder_words(evidence, job)
+        if recorded is not None:
+            summary += f"; {recorded[0]}"
+            ids = tuple(sorted({*ids, *recorded[1]}))
         found.append(
             Incident(
                 job_id,
@@ -350,7 +380,54 @@ def hang_incidents(
                 IncidentKind.HANG,
                 failed_at=finding.hung_since,
                 trigger_ids=ids,
-                summary=finding.summary,
+                summary=summary,
             )
         )
     return found
+
+
+def flight_recorder_words(evidence: Iterable[Evidence], job: Job) -> tuple[str, list[int]] | None:
+    """What the job's flight-recorder dumps (``flight_recorder`` evidence of this attempt) say
+    about where it is stuck, with the evidence ids; None when they say nothing.
+
+    The ranks that never entered the collective the others wait in are named with the node
+    their dump came from: they stopped first."""
+    since = float(job.start_time) - START_SLACK
+    latest: dict[int, Evidence] = {}
+    for ev in sorted(evidence, key=lambda e: (e.observed_at, e.id)):
+        if (
+            ev.kind != "flight_recorder"
+            or ev.job_id != job.job_id
+            or ev.observed_at < since
+            or not of_attempt(ev, job.restart_count)
+        ):
+            continue
+        rank = ev.payload.get("rank")
+        if type(rank) is int:
+            latest[rank] = ev
+    traces = []
+    for ev in latest.values():
+        try:
+            traces.append(trace_from_payload(ev.payload))
+        except FlightRecorderError:
+            continue
+    stuck = stuck_collective(traces)
+    if stuck is None:
+        return None
+    where = f"{stuck.op or 'collective'} #{stuck.seq_id} of group {stuck.desc or stuck.pg}"
+    words = f"flight recorder: {_ranks_on(stuck.waiting, latest)} wait in {where}"
+    if stuck.suspects:
+        words += f"; never entered it: {_ranks_on(stuck.suspects, latest)}"
+    if stuck.missing:
+        words += f"; no dump from rank(s) {', '.join(map(str, stuck.missing))}"
+    if not stuck.suspects and not stuck.missing:
+        words += " (every rank entered it: no rank held it up)"
+    return words, sorted(ev.id for ev in latest.values())
+
+
+def _ranks_on(ranks: Iterable[int], dumps: Mapping[int, Evidence]) -> str:
+    parts = []
+    for rank in ranks:
+        node = dumps[rank].node if rank in dumps else None
+        parts.append(f"rank {rank}" + (f" on {node}" if node else ""))
+    return ", ".join(parts) if parts else "no rank"

@@ -345,7 +345,7 @@ def straggler_incidents(
         job = view.jobs[job_id]
         if job.state != "RUNNING" or (job_id, job.restart_count) in open_or_done:
             continue
-        samples = progress_samples(evidence, job_id, job.nodes)
+        samples = progress_samples(evidence, job_id, job.nodes, job.restart_count)
         if not samples:
             continue
         node_evidence = [ev for ev in evidence if ev.kind == "gpu_finding" and ev.node in job.nodes]

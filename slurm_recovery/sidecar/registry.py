@@ -31,6 +31,7 @@ INFINIBAND_SOURCE = "slurm_recovery.sidecar.sources.infiniband:InfinibandSource"
 SIM_XID_SOURCE = "slurm_recovery.sidecar.sim:SimXidSource"
 JOBLOG_SOURCE = "slurm_recovery.sidecar.sources.joblog:JobLogSource"
 PROGRESSFILE_SOURCE = "slurm_recovery.sidecar.sources.progressfile:ProgressFileSource"
+GPU_ACTIVITY_SOURCE = "slurm_recovery.sidecar.sources.gpuactivity:GpuActivitySource"
 
 
 def load(target: str) -> Any:
@@ -96,6 +97,8 @@ def build(
     registry.gpu = attempt(sidecar.gpu_backend, lambda: open_gpu_backend(sidecar, node))
     if sidecar.gpu_backend == "sim" and registry.gpu is not None:
         attempt("sim_xid", lambda: load(SIM_XID_SOURCE)(registry.gpu))
+    if registry.gpu is not None:
+        attempt("gpu_activity", lambda: load(GPU_ACTIVITY_SOURCE)(registry.gpu, node))
     if sidecar.kmsg:
         attempt("kmsg", lambda: load(KMSG_SOURCE)(spool_dir))
     if sidecar.ib_sysfs:

@@ -63,6 +63,8 @@ DUMP_PREFIXES = (NCCL_TRACE_PREFIX, "comm_lib_trace_rank_")
 MAX_DUMP_BYTES = 32 << 20
 #: Payload bounds: groups per rank, characters per text, tensors and dimensions per size.
 MAX_GROUPS = 32
+#: Bytes of JSON the groups of one payload may take (the wire's limit is 16 KiB).
+MAX_PAYLOAD_TEXT = 12 * 1024
 _MAX_TEXT = 120
 _MAX_TENSORS = 4
 _MAX_DIMS = 8
@@ -464,10 +466,12 @@ def _parse_ranges(text: Any) -> tuple[int, ...] | None:
 
 def evidence_payload(trace: RankTrace) -> dict[str, Any]:
     """The ``flight_recorder`` evidence payload for one rank's dump: small and JSON-able, at
-    most ``MAX_GROUPS`` groups (those inside a collective first). :func:`trace_from_payload`
-    reads it back."""
+    most ``MAX_GROUPS`` groups (those inside a collective first) and about
+    ``MAX_PAYLOAD_TEXT`` bytes of JSON (the controller refuses payloads over 16 KiB).
+    :func:`trace_from_payload` reads it back."""
     ordered = sorted(trace.groups.values(), key=lambda g: (not g.pending, g.pg))
     groups: list[dict[str, Any]] = []
+    size = 0
     for group in ordered[:MAX_GROUPS]:
         item: dict[str, Any] = {
             "pg": group.pg,
@@ -489,6 +493,9 @@ def evidence_payload(trace: RankTrace) -> dict[str, Any]:
                 "time_created_ns": entry.time_created_ns,
                 "timeout_ms": entry.timeout_ms,
             }
+        size += len(json.dumps(item, separators=(",", ":")))
+        if groups and size > MAX_PAYLOAD_TEXT:
+            break
         groups.append(item)
     return {
         "rank": trace.rank,

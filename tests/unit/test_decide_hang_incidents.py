@@ -80,3 +80,29 @@ def test_jobs_without_progress_or_not_running_or_known_are_not_judged():
     assert hang_incidents(view(START + 600), [], set(), POLICY) == []
     assert hang_incidents(view(START + 600, state="PENDING"), STEADY, set(), POLICY) == []
     assert hang_incidents(view(START + 600), STEADY, {(7, 0)}, POLICY) == []
+
+
+def test_flight_recorder_dumps_name_the_rank_that_never_entered_the_collective():
+    from pathlib import Path
+
+    from slurm_recovery.signals.flight_recorder import evidence_payload, read_dump
+
+    folder = Path(__file__).parent / "data" / "flight_recorder" / "hang"
+    dumps = []
+    for rank in range(4):
+        trace = read_dump(folder / f"nccl_trace_rank_{rank}")
+        assert trace is not None
+        payload = evidence_payload(trace) | {"restart_count": 0}
+        node = "n1" if rank < 2 else "n2"
+        dumps.append(
+            Evidence(100 + rank, "sidecar", "flight_recorder", START + 21, node, job_id=7,
+                     payload=payload)
+        )  # fmt: skip
+    other_attempt = Evidence(
+        200, "sidecar", "flight_recorder", START + 21, "n1", job_id=7,
+        payload=dumps[0].payload | {"restart_count": 1, "rank": 3},
+    )  # fmt: skip
+    (incident,) = hang_incidents(view(START + 26), [*STEADY, *dumps, other_attempt], set(), POLICY)
+    assert "flight recorder: rank 0 on n1, rank 1 on n1, rank 2 on n2 wait in" in incident.summary
+    assert "never entered it: rank 3 on n2" in incident.summary
+    assert {100, 101, 102, 103} <= set(incident.trigger_ids) and 200 not in incident.trigger_ids

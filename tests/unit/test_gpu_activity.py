@@ -39,6 +39,7 @@ def test_activity_is_sent_on_each_change_per_job(tmp_path):
     after = source.poll(NOW + 30)
     assert [(f.job_id, f.payload["busy"]) for f in after] == [(5, False)]  # 6 still has GPU 0
     source.see([Finding("job_end", NOW + 40, job_id=5, payload={})])
+    source.poll(NOW + 40)
     assert 5 not in source.jobs
 
 

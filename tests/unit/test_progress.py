@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -73,7 +74,9 @@ def test_the_env_var_names_the_file(tmp_path, monkeypatch):
 def test_writes_at_most_once_per_interval_and_keeps_the_latest(tmp_path):
     path = tmp_path / "p"
     clock = Clock()
-    reporter = progress.Reporter(str(path), rank=0, host="n1", interval=1.0, clock=clock)
+    reporter = progress.Reporter(
+        str(path), rank=0, host="n1", interval=1.0, clock=clock, background=False
+    )
     for step in range(1, 11):  # 10 steps of 0.25 s
         reporter.report(step, tokens=10, step_time=0.25)
         clock.now += 0.25
@@ -388,3 +391,16 @@ def test_every_flushed_step_reads_back(tmp_path_factory, steps):
     read = ProgressFileReader(path).read()
     assert [s.step for s in read] == steps
     assert all(s.rank == 1 and s.node == "n1" for s in read)
+
+
+def test_the_last_step_before_a_stall_is_written_by_the_timer(tmp_path):
+    path = tmp_path / "p"
+    reporter = progress.Reporter(str(path), rank=3, host="n1", interval=0.2)
+    reporter.report(1)  # written at once
+    reporter.report(2)  # within the interval: buffered ...
+    assert [r["step"] for r in lines(path)] == [1]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and len(lines(path)) < 2:
+        time.sleep(0.02)
+    assert [r["step"] for r in lines(path)] == [1, 2]  # ... and written with no further call
+    reporter.close()

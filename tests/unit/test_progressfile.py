@@ -378,3 +378,39 @@ def test_the_sidecar_wires_it_from_the_prolog_to_the_outbox(tmp_path):
     finally:
         wired.close()
         box.close()
+
+
+def test_progress_names_the_attempt_from_the_job_start(tmp_path):
+    where = job(tmp_path)
+    source = ProgressFileSource(NODE, template(tmp_path))
+    t0 = time.time()
+    start(source, 7, t0, restart_count=2)
+    reporter(where, 0, Clock(t0 + 1)).report(5)
+    (found,) = source.poll(t0 + 1)
+    assert found.payload["restart_count"] == 2 and found.payload["step"] == 5
+
+
+FR_FIXTURES = Path(__file__).parent / "data" / "flight_recorder" / "hang"
+
+
+def test_flight_recorder_dumps_go_out_once_per_version_and_before_removal(tmp_path):
+    where = job(tmp_path)
+    source = ProgressFileSource(NODE, template(tmp_path))
+    t0 = time.time()
+    start(source, 7, t0, restart_count=0)
+    assert source.poll(t0) == []
+    (where / f"{jobdir.NCCL_TRACE_PREFIX}3").write_bytes(
+        (FR_FIXTURES / "nccl_trace_rank_3").read_bytes()
+    )
+    (found,) = [f for f in source.poll(t0 + 2) if f.kind == "flight_recorder"]
+    assert found.job_id == 7 and found.payload["rank"] == 3 and found.payload["restart_count"] == 0
+    evidence = parse_event(found.to_event(NODE), "fr", source="sidecar")  # the wire takes it
+    assert evidence.payload["groups"]
+    assert [f for f in source.poll(t0 + 4) if f.kind == "flight_recorder"] == []  # unchanged
+    (where / f"{jobdir.NCCL_TRACE_PREFIX}0").write_bytes(
+        (FR_FIXTURES / "nccl_trace_rank_0").read_bytes()
+    )
+    end(source, 7, t0 + 4.1)  # ended before the next look: the last read still takes it
+    last = [f for f in source.poll(t0 + 4.2) if f.kind == "flight_recorder"]
+    assert [f.payload["rank"] for f in last] == [0]
+    assert not where.exists()

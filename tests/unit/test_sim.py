@@ -344,7 +344,7 @@ def test_registry_wires_sim_xids_and_the_spool_fast_and_the_gpus_slow(tmp_path):
     wired = registry.build(config, "n2", config.spool_path("n2"))
     try:
         assert [s.name for s in wired.fast] == ["sim_xid", "hook_spool", "joblog"]
-        assert [s.name for s in wired.slow] == ["sim"]
+        assert [s.name for s in wired.slow] == ["sim", "gpu_activity"]
         assert isinstance(wired.gpu, SimBackend) and wired.broken == {}
         assert (tmp_path / "spool" / "n2" / "events" / "bad").is_dir()
     finally:

@@ -16,6 +16,7 @@ its GPU at 100 % (the kernel spins), so a collective hang looks busy here. Step 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -58,11 +59,17 @@ class GpuActivitySource:
         self.node = node
         self.busy_percent = busy_percent
         self.jobs: dict[int, _Job] = {}
+        # see() runs in whichever loop queued the findings; poll() takes them in order
+        self._events: deque[Finding] = deque()
 
     def see(self, findings: Iterable[Finding]) -> None:
-        """Learn of jobs from this node's job_start / job_end events."""
-        for f in findings:
-            if f.job_id is None:
+        """Note this node's job_start / job_end events (taken in by the next poll)."""
+        self._events.extend(f for f in findings if f.kind in ("job_start", "job_end"))
+
+    def _take_events(self) -> None:
+        while self._events:
+            f = self._events.popleft()
+            if f.job_id is None or f.payload.get("health_gate"):
                 continue
             if f.kind == "job_start" and self.node in (f.payload.get("nodes") or [self.node]):
                 gpus = f.payload.get("gpus")
@@ -74,6 +81,7 @@ class GpuActivitySource:
                 self.jobs.pop(f.job_id, None)
 
     def poll(self, now: float) -> list[Finding]:
+        self._take_events()
         if not self.jobs:
             return []
         try:

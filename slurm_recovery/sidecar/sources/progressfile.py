@@ -1,4 +1,5 @@
-"""The progress file of every job running on this node, followed while it runs.
+"""The files each job running on this node writes into its job directory: the progress file,
+followed while the job runs, and PyTorch flight-recorder dumps, read when they appear.
 
 The Prolog gives each job a directory on each of its nodes and the TaskProlog points the job's
 tasks at ``<job dir>/progress.jsonl`` (:mod:`slurm_recovery.jobdir`), which
@@ -9,8 +10,15 @@ The ``job_start`` of the Prolog (through this node's hook spool) starts followin
 ``job_end`` ends it with a last read, after which the directory is removed. The latest sample
 per rank goes out as ``progress`` evidence at most every ``PROGRESS_EVERY`` seconds per job:
 the first new step after a quiet spell goes out at once, later ones wait out the rest of the
-interval. Job directories found at start are followed too (their ``job_start`` went out before
-a restart), after those untouched for ``jobdir.STALE_AFTER`` are removed as leftovers.
+interval. Each carries the attempt (``restart_count``) the ``job_start`` named, so a restarted
+job is never judged on its previous attempt's steps. Job directories found at start are followed
+too (their ``job_start`` went out before a restart), after those untouched for
+``jobdir.STALE_AFTER`` are removed as leftovers.
+
+Flight-recorder dumps (``nccl_trace_rank_<rank>``: NCCL writes them on its timeout, the
+progress API's stall dump while the job is stuck) are looked for every ``DUMP_EVERY`` seconds
+and once more before the directory is removed; each new or rewritten dump goes out as one
+``flight_recorder`` evidence (:func:`slurm_recovery.signals.flight_recorder.evidence_payload`).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Any
 from slurm_recovery import jobdir
 from slurm_recovery.decide.hang import ProgressSample
 from slurm_recovery.sidecar.base import Finding
+from slurm_recovery.signals.flight_recorder import evidence_payload, read_dumps
 from slurm_recovery.signals.progress import ProgressFileReader
 
 log = logging.getLogger("srecovery.sidecar.progressfile")
@@ -33,6 +42,10 @@ log = logging.getLogger("srecovery.sidecar.progressfile")
 PROGRESS_EVERY = 2.0
 #: The last read at job end reads at most this many chunks of the reader's ``max_bytes``.
 FINAL_READS = 16
+#: The progress API writes ``ts`` rounded to the millisecond.
+TS_ROUNDING = 0.001
+#: Seconds between two looks for new flight-recorder dumps in one job's directory.
+DUMP_EVERY = 1.0
 
 
 def loss_value(loss: float) -> float | str:
@@ -43,9 +56,12 @@ def loss_value(loss: float) -> float | str:
     return "nan" if math.isnan(loss) else ("inf" if loss > 0 else "-inf")
 
 
-def progress_payload(sample: ProgressSample) -> dict[str, Any]:
-    """The ``progress`` evidence payload of one progress-file sample."""
+def progress_payload(sample: ProgressSample, restart_count: int | None = None) -> dict[str, Any]:
+    """The ``progress`` evidence payload of one progress-file sample of attempt
+    ``restart_count`` (None: unknown)."""
     payload: dict[str, Any] = {"step": sample.step, "ts": sample.ts, "origin": "file"}
+    if restart_count is not None:
+        payload["restart_count"] = restart_count
     if sample.rank is not None:
         payload["rank"] = sample.rank
     for key in ("tokens", "samples", "step_time"):
@@ -70,6 +86,11 @@ class _Followed:
     ended_at: float | None = None
     #: the reader's last problem, logged once
     error: str | None = None
+    #: the attempt, from the job_start's payload (None: unknown)
+    restart_count: int | None = None
+    #: flight-recorder dumps already read: path -> (mtime_ns, size)
+    dumps_seen: dict[str, tuple[int, int]] = field(default_factory=dict)
+    last_dump_look: float = -math.inf
 
 
 class ProgressFileSource:
@@ -91,9 +112,14 @@ class ProgressFileSource:
         self._started = False
         self._problem = ""
 
-    def _follow(self, job_id: int, since: float | None) -> _Followed:
-        path = jobdir.progress_file(jobdir.job_dir_for(self.template, self.node, job_id))
-        return _Followed(job_id, ProgressFileReader(path), since=since)
+    def _follow(
+        self, job_id: int, since: float | None, restart_count: int | None = None
+    ) -> _Followed:
+        path = jobdir.progress_file(self._dir(job_id))
+        return _Followed(job_id, ProgressFileReader(path), since=since, restart_count=restart_count)
+
+    def _dir(self, job_id: int) -> str:
+        return jobdir.job_dir_for(self.template, self.node, job_id)
 
     def see(self, findings: Iterable[Finding]) -> None:
         """Note the job starts and ends the sidecar queued (all about this node: the hook
@@ -110,8 +136,13 @@ class ProgressFileSource:
             if f.kind == "job_start":
                 if f.payload.get("health_gate"):
                     continue  # refused here: the job did not start on this node
-                if job_id not in self.jobs:
-                    self.jobs[job_id] = self._follow(job_id, since=f.observed_at)
+                count = f.payload.get("restart_count")
+                count = count if type(count) is int else None
+                known = self.jobs.get(job_id)
+                if known is None:
+                    self.jobs[job_id] = self._follow(job_id, f.observed_at, count)
+                elif known.restart_count is None:  # found on disk at start: now we know
+                    known.restart_count, known.since = count, f.observed_at
             else:
                 job = self.jobs.pop(job_id, None) or self._follow(job_id, since=None)
                 job.ended_at = f.observed_at
@@ -139,6 +170,7 @@ class ProgressFileSource:
         for job in list(self.jobs.values()):
             self._read(job)
             out += self._progress(job, now)
+            out += self._dumps(job, now)
         ending, self.ending = self.ending, []
         for job in ending:
             for _ in range(FINAL_READS):
@@ -146,7 +178,21 @@ class ProgressFileSource:
                 if job.reader.caught_up:
                     break
             out += self._progress(job, now, force=True)
+            out += self._dumps(job, now, force=True)
             self._remove(job)
+        return out
+
+    def _dumps(self, job: _Followed, now: float, force: bool = False) -> list[Finding]:
+        """``flight_recorder`` evidence for each dump new or rewritten since the last look."""
+        if not force and now - job.last_dump_look < DUMP_EVERY:
+            return []
+        job.last_dump_look = now
+        out = []
+        for trace in read_dumps(self._dir(job.job_id), job.dumps_seen):
+            payload = evidence_payload(trace)
+            if job.restart_count is not None:
+                payload["restart_count"] = job.restart_count
+            out.append(Finding("flight_recorder", now, job_id=job.job_id, payload=payload))
         return out
 
     def _read(self, job: _Followed) -> None:
@@ -156,7 +202,7 @@ class ProgressFileSource:
             if job.error:
                 log.warning("job %d: cannot read its progress file: %s", job.job_id, job.error)
         for sample in samples:
-            if job.since is None or sample.ts >= job.since:
+            if job.since is None or sample.ts >= job.since - TS_ROUNDING:
                 job.latest[sample.rank] = sample
 
     def _progress(self, job: _Followed, now: float, force: bool = False) -> list[Finding]:
@@ -169,9 +215,8 @@ class ProgressFileSource:
         out = []
         for sample in fresh:
             job.sent_steps[sample.rank] = sample.step
-            out.append(
-                Finding("progress", now, job_id=job.job_id, payload=progress_payload(sample))
-            )
+            payload = progress_payload(sample, job.restart_count)
+            out.append(Finding("progress", now, job_id=job.job_id, payload=payload))
         return out
 
     def _remove(self, job: _Followed) -> None:
