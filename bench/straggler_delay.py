@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.client import ControllerClient
+from slurm_recovery.client import ClientError, ControllerClient
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = (
@@ -73,6 +73,15 @@ def wait(predicate, timeout: float = 120.0):
     raise TimeoutError("condition not met")
 
 
+def incidents(client: ControllerClient, job_id: int) -> list:
+    try:
+        return client.get(f"/v1/jobs/{job_id}")["incidents"]
+    except ClientError as exc:
+        if exc.status == 404:  # no incident for the job yet
+            return []
+        raise
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5)
@@ -110,12 +119,12 @@ def main() -> int:
                     check=True,
                 ).stdout.split(";")[0]
             )
-            story = wait(lambda j=job_id: client.get(f"/v1/jobs/{j}")["incidents"])[0]
+            story = wait(lambda j=job_id: incidents(client, j))[0]
             m = {k: datetime.fromisoformat(v).timestamp() for k, v in story["milestones"].items()}
             started = float(onset.read_text())
             delay = m["detected"] - started
             delays.append(delay)
-            verdict = story["advice"]["verdict"]["verdict"]
+            verdict = story["advice"]["verdict"]
             print(
                 f"trial {trial}: job {job_id} {story['kind']} detected {delay:.2f} s after the "
                 f"slowdown; nodes {verdict['nodes']}: {story['advice']['reason']}",

@@ -19,8 +19,11 @@ from typing import Any, Protocol
 #: - ``job_end``      {exit_code, signal, derived_exit_code?, restart_count, nodes, context}
 #: - ``sidecar_status`` {dropped, queued, sources: {name: "ok"|error text}}
 #: - ``progress``     {step, ts, rank?, origin: "log"} (job-log follower, per job), or
-#:                    {step, ts, origin: "file", rank?, tokens?, samples?, step_time?, loss?}
-#:                    (progress-file follower; loss "nan"/"inf"/"-inf" when not finite)
+#:                    {step, ts, origin: "file", rank?, tokens?, samples?, step_time?, loss?,
+#:                    restart_count?} (progress-file follower; loss "nan"/"inf"/"-inf")
+#: - ``flight_recorder`` {rank, backend, version, groups: [...], restart_count?} (ditto: one
+#:                    PyTorch flight-recorder dump, signals/flight_recorder.py)
+#: - ``gpu_activity`` {busy, utilization, gpus} (per job, when its GPUs turn busy or idle)
 #: - ``log_signature``{signature, fault_class, blame_node, text, knock_on, ...} (ditto)
 KINDS = (
     "xid",
