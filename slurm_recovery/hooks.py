@@ -6,8 +6,9 @@ wire format, :mod:`slurm_recovery.controller.wire`) and hands it on:
 
 - ``prolog`` (slurmd, root, each node, job start): creates the job's directory on the node
   (:mod:`slurm_recovery.jobdir`), then ``job_start`` written into the node's sidecar spool,
-  ``<sidecar.spool_dir>/events/``, which the sidecar sends on. With ``hooks.health_gate`` on,
-  it may refuse the node (exit 1; see :func:`gate_decision`).
+  ``<sidecar.spool_dir>/events/``, which the sidecar sends on. On the batch node it records
+  where the attempt's output begins in the job's output files (:func:`output_offset`). With
+  ``hooks.health_gate`` on, it may refuse the node (exit 1; see :func:`gate_decision`).
 - ``epilog`` (slurmd, root, each node, job end): ``job_end`` into the same spool.
 - ``epilog_slurmctld`` (slurmctld, SlurmUser, head node, job end): ``job_end`` posted to the
   controller, or, on any failure, written into ``<controller.spool_dir>/events/``, which the
@@ -40,6 +41,7 @@ import json
 import os
 import re
 import signal
+import stat
 import sys
 import time
 from collections.abc import Mapping
@@ -497,6 +499,27 @@ def output_path(
     return path
 
 
+def output_offset(path: str | None) -> int | None:
+    """Where a job attempt's output will begin in ``path``: its size now, before the batch
+    step opens it (the prolog runs first), so that a requeued attempt appending to the same
+    file does not read the previous attempt's lines as its own; 0 when there is no such file
+    yet. ``None`` (the sidecar then takes the size when it learns of the job) for a relative
+    path, a path that is not a regular file, or one that cannot be looked at.
+
+    The prolog runs as root on a path the job user chose: the file is never opened (a FIFO
+    could block, a device could do anything), and a symbolic link is not followed (it could
+    point anywhere, a hung network mount too); only the final name is looked at."""
+    if not path or not path.startswith("/"):
+        return None
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError):  # no permission, a file in its path, a NUL byte
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
 def _restart_count(env: Mapping[str, str]) -> int:
     return _int(env.get("SLURM_JOB_RESTART_COUNT")) or 0
 
@@ -512,7 +535,9 @@ def build_event(
     """The event ``hook`` sends for Slurm's environment ``env`` (docs/hooks.md, "Events").
 
     ``node`` is the node a node hook runs on (None for ``epilog_slurmctld``: the event is
-    about the job, not about a node). Raises HookError without a job id.
+    about the job, not about a node). The prolog on the batch node (the first of the job's
+    nodes) adds ``stdout_offset``/``stderr_offset`` (:func:`output_offset`). Raises HookError
+    without a job id.
     """
     if hook not in EVENT_HOOKS:
         raise HookError(f"unknown hook {hook!r}; one of {', '.join(EVENT_HOOKS)}")
@@ -531,6 +556,11 @@ def build_event(
         path = output_path(env.get(var), env, payload["nodes"])
         if path:
             payload[key] = path
+    if hook == "prolog" and node is not None and payload["nodes"][:1] == [node]:
+        for key in ("stdout", "stderr"):
+            offset = output_offset(payload.get(key))
+            if offset is not None:
+                payload[f"{key}_offset"] = offset
     gpus = parse_gpus(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES"))
     if gpus is not None and hook != "epilog_slurmctld":
         payload["gpus"] = gpus

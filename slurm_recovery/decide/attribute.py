@@ -37,7 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_recovery.decide.catalogue import XidCatalogue, xid_code
-from slurm_recovery.decide.detect import NODE_FINDING_KINDS, in_attempt
+from slurm_recovery.decide.detect import NODE_FINDING_KINDS, START_SLACK, in_attempt
+from slurm_recovery.decide.joblogs import judge_job_log
 from slurm_recovery.decide.model import Evidence, FaultClass, Incident, IncidentKind, Verdict
 from slurm_recovery.decide.policy import Policy
 from slurm_recovery.hostlist import compress
@@ -145,6 +146,7 @@ def attribute(
         found = _finding(ev, on_node, mine, lost, job, catalogue)
         if found is not None:
             findings.append(found)
+    findings += _log_findings(evidence, job, low, high)
     ends = tuple(job_end_ids)
     if job.state == "OUT_OF_MEMORY":
         findings.append(
@@ -229,9 +231,7 @@ def _finding(
         return _Finding(
             FaultClass.SYSTEM, lost, NODE_LOST if lost else NODE_DOWN, text, ev.id, ev.node
         )
-    if ev.kind == "log_signature":
-        return _log_finding(ev, on_node, mine, where)
-    return None
+    return None  # log_signature: judged together (_log_findings)
 
 
 def _sidecar_finding(ev: Evidence, on_node: bool, where: str) -> _Finding | None:
@@ -248,37 +248,32 @@ def _sidecar_finding(ev: Evidence, on_node: bool, where: str) -> _Finding | None
     return _Finding(FaultClass.HARDWARE, fatal, confidence, text, ev.id, ev.node, ev.gpu)
 
 
-def _log_finding(ev: Evidence, on_node: bool, mine: bool, where: str) -> _Finding | None:
+def _log_findings(
+    evidence: Sequence[Evidence], job: Job, low: float, high: float
+) -> list[_Finding]:
+    """The job's log lines in the window, judged together as ``explain-log`` judges a file
+    (:mod:`decide.joblogs`): one finding for the root line, for each node the verdict blames
+    (a host named in the line, or the node Slurm's task layout gives its rank)."""
+    window = [ev for ev in evidence if low <= ev.observed_at <= high]
+    judged = judge_job_log(window, job, since=job.start_time - START_SLACK)
+    if judged is None or not judged.evidence_ids:
+        return []
+    verdict, root = judged.verdict, judged.evidence_ids[0]
+    text = f"log: {_one_line(verdict.cause, 120)}"
     try:
-        fault_class = FaultClass(str(ev.payload.get("fault_class", "unknown")))
+        fault_class = FaultClass(verdict.fault_domain)
     except ValueError:
         fault_class = FaultClass.UNKNOWN
-    signature = _one_line(str(ev.payload.get("signature", ""))) or "unnamed"
-    blames = ev.payload.get("blame_node") is True
     if fault_class is FaultClass.APPLICATION:
-        if not mine:
-            return None
-        return _Finding(
-            FaultClass.APPLICATION, True, APPLICATION_LOG, f"log signature {signature}", ev.id
-        )
+        return [_Finding(fault_class, True, APPLICATION_LOG, text, root)]
     if fault_class is FaultClass.UNKNOWN:
-        if not mine:
-            return None
-        return _Finding(FaultClass.UNKNOWN, False, 0.0, f"log signature {signature}", ev.id)
-    if blames and on_node:
-        confidence = HARDWARE_LOG if fault_class is FaultClass.HARDWARE else SYSTEM_LOG
-        return _Finding(
-            fault_class,
-            False,
-            confidence,
-            f"log signature {signature} on {where}",
-            ev.id,
-            ev.node,
-            ev.gpu,
-        )
-    if mine:  # points at hardware or system software, but at no node of this job
-        return _Finding(fault_class, False, UNNAMED_NODE_LOG, f"log signature {signature}", ev.id)
-    return None
+        return [_Finding(fault_class, False, 0.0, text, root)]
+    if not verdict.blame_nodes:
+        return [_Finding(fault_class, False, UNNAMED_NODE_LOG, text, root)]
+    confidence = HARDWARE_LOG if fault_class is FaultClass.HARDWARE else SYSTEM_LOG
+    return [
+        _Finding(fault_class, False, confidence, text, root, node) for node in verdict.blame_nodes
+    ]
 
 
 def _verdict(chosen: list[_Finding], extra_ids: tuple[int, ...]) -> Verdict:

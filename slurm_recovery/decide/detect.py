@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from slurm_recovery.decide.catalogue import XidCatalogue, xid_code
+from slurm_recovery.decide.hang import of_attempt
+from slurm_recovery.decide.joblogs import judge_job_log
 from slurm_recovery.decide.model import (
     ClusterView,
     Evidence,
@@ -88,8 +90,9 @@ def is_fatal_node_event(ev: Evidence, catalogue: XidCatalogue) -> bool:
 
 
 def in_attempt(ev: Evidence, job: Job) -> bool:
-    """The evidence was observed during (or just before) this attempt of the job."""
-    return ev.observed_at >= job.start_time - START_SLACK
+    """The evidence was observed during (or just before) this attempt of the job, and does
+    not name another attempt."""
+    return ev.observed_at >= job.start_time - START_SLACK and of_attempt(ev, job.restart_count)
 
 
 def _evidence_order(ev: Evidence) -> tuple[float, int]:
@@ -145,28 +148,26 @@ def _doomed(job: Job, evidence: Sequence[Evidence], catalogue: XidCatalogue) -> 
 
 
 def _app_fault(job: Job, evidence: Sequence[Evidence]) -> Incident | None:
+    """The running job's own log says its application failed: the verdict on its lines (as
+    ``srecovery explain-log`` gives it) is an application fault. A rank's exception after
+    another task was killed, or after a hardware fault, is not one."""
     if job.state != "RUNNING":
         return None
-    faults = [
-        ev
-        for ev in evidence
-        if ev.kind == "log_signature"
-        and ev.job_id == job.job_id
-        and ev.payload.get("fault_class") == FaultClass.APPLICATION.value
-        and in_attempt(ev, job)
-    ]
-    if not faults:
+    judged = judge_job_log(evidence, job, since=job.start_time - START_SLACK)
+    if judged is None or judged.verdict.fault_domain != FaultClass.APPLICATION.value:
         return None
-    first = faults[0]
-    signature = str(first.payload.get("signature", "")) or "a fatal error"
+    root = judged.verdict.signatures[0]["id"] if judged.verdict.signatures else "a fatal error"
+    first = min(
+        (ev for ev in evidence if ev.id in judged.evidence_ids), key=lambda ev: ev.observed_at
+    )
     return Incident(
         job_id=job.job_id,
         restart_count=job.restart_count,
         submit_time=job.submit_time,
         kind=IncidentKind.APP_FAULT,
         failed_at=first.observed_at,
-        trigger_ids=tuple(sorted(ev.id for ev in faults)),
-        summary=f"job {job.job_id} running on {_nodes(job)}: application reported {signature}",
+        trigger_ids=tuple(sorted(judged.evidence_ids)),
+        summary=f"job {job.job_id} running on {_nodes(job)}: application reported {root}",
     )
 
 

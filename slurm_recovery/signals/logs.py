@@ -903,7 +903,42 @@ def evidence_payload(match: Match, catalogue: SignatureCatalogue | None = None) 
         payload["xid"] = match.xid
     if match.rank is not None:
         payload["rank"] = match.rank
+    if match.host is not None:
+        payload["host"] = match.host
+    if match.gpu is not None:
+        payload["gpu"] = match.gpu
+    if match.timestamp is not None:
+        payload["timestamp"] = match.timestamp
+        payload["year_assumed"] = match.year_assumed
     return payload
+
+
+def match_from_payload(payload: Mapping[str, Any], source: str | None = None) -> Match | None:
+    """The :class:`Match` a ``log_signature`` payload was made from (what the controller has),
+    so that it classifies a job's lines with :func:`classify`, as ``explain-log`` does. None
+    when the payload names no signature."""
+    signature = payload.get("signature")
+    if not isinstance(signature, str) or not signature:
+        return None
+
+    def number(key: str) -> int | None:
+        value = payload.get(key)
+        return value if type(value) is int else None
+
+    stamp = payload.get("timestamp")
+    host = payload.get("host")
+    return Match(
+        signature_id=signature,
+        line_no=number("line_no") or 0,
+        text=str(payload.get("text", "")),
+        host=host if isinstance(host, str) and host else None,
+        rank=number("rank"),
+        gpu=number("gpu"),
+        timestamp=float(stamp) if type(stamp) in (int, float) else None,
+        source=source,
+        xid=number("xid"),
+        year_assumed=payload.get("year_assumed") is True,
+    )
 
 
 # ------------------------------------------------------------------------ loading

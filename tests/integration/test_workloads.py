@@ -328,6 +328,13 @@ def test_a_killed_rank_is_a_crash_that_blames_no_surviving_node(stack, sched, cl
     assert "resumed from checkpoint at step 5" in job.log()
     assert not any(sched.get_node(n).drained for n in done.nodes)
     assert len(stories(client, job.job_id)) == 1  # the clean second attempt: no incident
+    # the output file is appended to: the first attempt's lines are not the second's evidence
+    again = [
+        e
+        for e in evidence(stack, job.job_id, "log_signature")
+        if e.evidence.payload.get("restart_count") == 1
+    ]
+    assert again == [], [e.evidence.payload for e in again]
 
 
 def test_an_application_bug_is_stopped_and_blames_no_node(stack, sched, client, jobs):

@@ -51,13 +51,24 @@ def report(ev_id, node="n3", at=FAILED_AT + 60, **payload) -> Evidence:
     return Evidence(ev_id, "operator", "operator_report", at, node=node, payload=payload)
 
 
+#: real catalogue signatures: the controller judges a job's lines as ``explain-log`` does
+LINES = {
+    "application": ("python.exception", "ValueError: boom"),
+    "hardware": ("nccl.ib_completion_error", "NET/IB : Got completion from peer with status=12"),
+}
+
+
 def log(ev_id, fault_class="application", node="n1", blame=False, at=FAILED_AT - 5, job_id=42):
+    """A line read by ``node``'s sidecar; ``blame``: the line names its host (that node)."""
+    signature, text = LINES[fault_class]
     payload = {
-        "signature": f"sig_{fault_class}",
+        "signature": signature,
         "fault_class": fault_class,
         "blame_node": blame,
-        "text": "boom",
+        "text": text,
     }
+    if blame:
+        payload["host"] = node
     return Evidence(
         ev_id, "sidecar", "log_signature", at, node=node, job_id=job_id, payload=payload
     )
@@ -229,7 +240,7 @@ def test_an_application_log_signature_with_a_node_never_blames_it():
     assert v.fault_class is FaultClass.APPLICATION
     assert v.nodes == frozenset()
     assert v.confidence == attribution.APPLICATION_LOG
-    assert v.cause == "log signature sig_application"
+    assert v.cause == "log: python.exception"
 
 
 def test_out_of_memory_is_the_application():

@@ -44,8 +44,21 @@ def xid(ev_id: int, code: int, node: str = "n2", at: float = 1_500, gpu: int = 1
     return Evidence(ev_id, "sidecar", "xid", at, node=node, gpu=gpu, payload={"xid": code, **kw})
 
 
+#: real catalogue signatures: the controller judges them as ``srecovery explain-log`` does
+LINES = {
+    "application": ("cuda.illegal_memory_access", "CUDA error: an illegal memory access"),
+    "hardware": ("cuda.ecc_uncorrectable", "CUDA error: uncorrectable ECC error encountered"),
+}
+
+
 def log(ev_id: int, job_id: int = 42, fault_class: str = "application", at: float = 1_500):
-    payload = {"signature": "cuda_illegal_address", "fault_class": fault_class, "blame_node": False}
+    signature, text = LINES[fault_class]
+    payload = {
+        "signature": signature,
+        "fault_class": fault_class,
+        "blame_node": False,
+        "text": text,
+    }
     return Evidence(
         ev_id, "sidecar", "log_signature", at, node="n1", job_id=job_id, payload=payload
     )
@@ -153,7 +166,16 @@ def test_an_application_log_signature_on_a_running_job_is_an_app_fault():
     assert incident.kind is IncidentKind.APP_FAULT
     assert incident.failed_at == 1_500
     assert incident.trigger_ids == (8,)
-    assert "cuda_illegal_address" in incident.summary
+    assert "cuda.illegal_memory_access" in incident.summary
+
+
+def test_a_rank_error_after_another_task_was_killed_is_not_an_app_fault():
+    killed = Evidence(
+        7, "sidecar", "log_signature", 1_499, node="n1", job_id=42,
+        payload={"signature": "slurm.task_killed", "text": "srun: error: n1: task 1: Killed",
+                 "host": "n1", "rank": 1, "line_no": 3},
+    )  # fmt: skip
+    assert run(job(), evidence=[killed, log(8)]) == []
 
 
 def test_log_signatures_of_other_jobs_or_classes_are_not_app_faults():

@@ -299,6 +299,64 @@ def test_epilog_slurmctld_event_is_about_the_job_not_a_node():
     assert payload["stdout"] == "/home/alice/slurm-41.out"
 
 
+def batch_node_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The prolog's environment on the batch node (n1) of a job writing into ``tmp_path``."""
+    return {
+        **PROLOG_2205,
+        "SLURMD_NODENAME": "n1",
+        "SLURM_JOB_WORK_DIR": str(tmp_path),
+        "SLURM_JOB_STDOUT": "train-%j.out",
+        "SLURM_JOB_STDERR": "train-%j.err",
+        **extra,
+    }
+
+
+def test_prolog_on_the_batch_node_records_where_the_attempts_output_begins(tmp_path):
+    """A requeued job appending to its output (--open-mode=append): the prolog, which runs
+    before the batch step opens the files, records their sizes; a file not there yet begins
+    at 0."""
+    (tmp_path / "train-41.out").write_bytes(b"attempt 0\n[rank1]: KeyError: 'sample_20'\n")
+    env = batch_node_env(tmp_path, SLURM_JOB_RESTART_COUNT="1")
+    payload = hooks.build_event("prolog", env, NOW, node="n1")["payload"]
+    assert payload["stdout"] == f"{tmp_path}/train-41.out"
+    assert payload["stdout_offset"] == len(b"attempt 0\n[rank1]: KeyError: 'sample_20'\n")
+    assert payload["stderr"] == f"{tmp_path}/train-41.err"
+    assert payload["stderr_offset"] == 0  # no such file yet: the attempt's output is all of it
+    # the other nodes' prologs and the epilogs do not look at the files
+    assert "stdout_offset" not in hooks.build_event("prolog", env, NOW, node="n2")["payload"]
+    for hook in ("epilog", "epilog_slurmctld"):
+        assert "stdout_offset" not in hooks.build_event(hook, env, NOW, node="n1")["payload"]
+
+
+def test_prolog_never_opens_or_follows_what_the_user_put_in_the_outputs_place(tmp_path):
+    """The prolog is root on a path the user chose: a FIFO is not opened (it would block), a
+    link is not followed, a directory or a relative path gives no offset (the sidecar then
+    takes the file's size when it learns of the job)."""
+    os.mkfifo(tmp_path / "train-41.out")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"x" * 123)
+    (tmp_path / "train-41.err").symlink_to(secret)
+    env = batch_node_env(tmp_path)
+    payload = hooks.build_event("prolog", env, NOW, node="n1")["payload"]  # returns at once
+    assert "stdout_offset" not in payload and "stderr_offset" not in payload
+    assert hooks.output_offset(str(tmp_path)) is None  # a directory
+    assert hooks.output_offset("relative/train.out") is None
+    assert hooks.output_offset(f"{tmp_path}/no/such/dir/train.out") == 0
+    assert hooks.output_offset(f"{secret}/below-a-file") is None
+    assert hooks.output_offset("/tmp/with\0nul") is None
+    assert hooks.output_offset(None) is None
+
+
+def test_prolog_offset_reaches_the_sidecar_through_the_spool(tmp_path):
+    (tmp_path / "train-41.out").write_bytes(b"0123456789\n")
+    env = batch_node_env(tmp_path)
+    assert hooks.run_hook("prolog", env, now=NOW, config=make_config(tmp_path)) == 0
+    (event,) = node_events(tmp_path, "n1")
+    assert event["payload"]["stdout_offset"] == 11
+    events, _ = HookSpool(make_config(tmp_path).sidecar_spool("n1")).take("n1")
+    assert [(e["kind"], e["payload"]["stdout_offset"]) for e in events] == [("job_start", 11)]
+
+
 @pytest.mark.parametrize("hook", hooks.EVENT_HOOKS)
 @pytest.mark.parametrize("env", [PROLOG_2205, EPILOG_2205, CTLD_2205])
 def test_every_event_passes_the_controllers_wire_check(hook, env):

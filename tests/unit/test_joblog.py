@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 from slurm_recovery.sidecar.base import Finding
 from slurm_recovery.sidecar.sources import joblog
@@ -10,13 +11,10 @@ from slurm_recovery.sidecar.sources.joblog import MAX_SIGNATURES, PROGRESS_EVERY
 
 
 def start(source: JobLogSource, path, nodes=("n1", "n2"), job_id=7) -> None:
-    source.see(
-        [
-            Finding(
-                "job_start", 1.0, job_id=job_id, payload={"nodes": list(nodes), "stdout": str(path)}
-            )
-        ]
-    )
+    """The job_start of a job whose output file did not exist when its prolog ran: everything
+    written to it is the job's (``stdout_offset`` 0)."""
+    payload = {"nodes": list(nodes), "stdout": str(path), "stdout_offset": 0}
+    source.see([Finding("job_start", 1.0, job_id=job_id, payload=payload)])
 
 
 def line(i: int) -> str:
@@ -77,7 +75,13 @@ BENIGN = "NCCL WARN NET/IB : Got completion from peer 10.0.0.2 with status=12\n"
 
 
 def start_both(source: JobLogSource, stdout, stderr, job_id: int = 7) -> None:
-    payload = {"nodes": ["n1"], "stdout": str(stdout), "stderr": str(stderr)}
+    payload = {
+        "nodes": ["n1"],
+        "stdout": str(stdout),
+        "stderr": str(stderr),
+        "stdout_offset": 0,
+        "stderr_offset": 0,
+    }
     source.see([Finding("job_start", 1.0, job_id=job_id, payload=payload)])
 
 
@@ -189,3 +193,134 @@ def test_a_line_that_never_ends_is_read_up_to_its_last_carriage_return(tmp_path,
     with err.open("a") as f:
         f.write("\n" + ERROR)
     assert [p["line_no"] for p in signatures(source.poll(2.0))] == [2]
+
+
+# ------------------------------------------------------------------ where an attempt begins
+
+OLD_BUG = "[rank1]: KeyError: 'sample_20'\n"  # attempt 0's traceback, already in the file
+
+
+def start_attempt(source: JobLogSource, payload: dict, job_id: int = 7) -> None:
+    source.see([Finding("job_start", 1.0, job_id=job_id, payload={"nodes": ["n1"], **payload})])
+
+
+def test_a_requeued_attempt_appending_to_its_output_starts_where_the_prolog_saw_it_end(tmp_path):
+    """--open-mode=append: the previous attempt's application error is in the file; the prolog
+    recorded the file's size, and the new attempt reads only what it writes itself."""
+    out = tmp_path / "o.out"
+    out.write_text(line(1) + OLD_BUG)
+    offset = out.stat().st_size
+    source = JobLogSource("n1")
+    start_attempt(source, {"stdout": str(out), "stdout_offset": offset, "restart_count": 1})
+    assert source.poll(1.0) == []  # nothing of attempt 0 becomes evidence of attempt 1
+    with out.open("a") as f:
+        f.write(line(6) + ERROR)
+    found = source.poll(1.0 + PROGRESS_EVERY)
+    assert [f.payload["step"] for f in found if f.kind == "progress"] == [6]
+    (sig,) = signatures(found)
+    assert sig["signature"] == "cuda.illegal_memory_access"
+    assert sig["line_no"] == 2  # counted from where the attempt's output begins
+    assert sig["restart_count"] == 1
+    end(source)
+    assert signatures(source.poll(2.0 + PROGRESS_EVERY)) == []
+
+
+def test_without_a_recorded_offset_the_follower_starts_at_the_size_it_first_sees(tmp_path):
+    out, err = tmp_path / "o.out", tmp_path / "o.err"
+    out.write_text(OLD_BUG)
+    source = JobLogSource("n1")
+    start_attempt(source, {"stdout": str(out), "stderr": str(err)})  # an older prolog
+    (stream_out, stream_err) = source.jobs[7].streams
+    assert (stream_out.offset, stream_err.offset) == (len(OLD_BUG), 0)  # err not there yet
+    err.write_text(ERROR)
+    assert [(p["stream"], p["line_no"]) for p in signatures(source.poll(1.0))] == [("stderr", 1)]
+
+
+def test_a_file_smaller_than_its_offset_was_truncated_and_is_read_from_the_start(tmp_path):
+    out = tmp_path / "o.out"
+    out.write_text(ERROR)  # the new attempt truncated a file of 5000 bytes and wrote this
+    source = JobLogSource("n1")
+    start_attempt(source, {"stdout": str(out), "stdout_offset": 5000})
+    (sig,) = signatures(source.poll(1.0))
+    assert (sig["signature"], sig["line_no"]) == ("cuda.illegal_memory_access", 1)
+
+
+def test_end_and_next_start_in_one_batch_split_the_file_between_the_attempts(tmp_path):
+    """The epilog of attempt 0 and the prolog of attempt 1 reach the sidecar together (it was
+    busy, or restarted): attempt 0 is finished up to where attempt 1's output begins, and
+    attempt 1 is followed from there."""
+    out = tmp_path / "o.out"
+    source = JobLogSource("n1")
+    start_attempt(source, {"stdout": str(out), "stdout_offset": 0, "restart_count": 0})
+    out.write_text(line(1))
+    source.poll(1.0)
+    with out.open("a") as f:
+        f.write(OLD_BUG)  # attempt 0 fails after the last poll
+    boundary = out.stat().st_size
+    with out.open("a") as f:
+        f.write(line(1) + ECC)  # attempt 1 already wrote before the sidecar looked
+    source.see(
+        [
+            Finding("job_end", 5.0, job_id=7, payload={"restart_count": 1}),
+            Finding(
+                "job_start",
+                5.1,
+                job_id=7,
+                payload={
+                    "nodes": ["n1"],
+                    "stdout": str(out),
+                    "stdout_offset": boundary,
+                    "restart_count": 1,
+                },
+            ),
+        ]
+    )
+    finished = signatures(source.poll(6.0))
+    assert [(p["signature"], p["restart_count"]) for p in finished] == [("python.exception", 0)]
+    assert source.jobs[7].restart_count == 1  # the next attempt took over
+    following = signatures(source.poll(7.0))
+    assert [(p["signature"], p["line_no"], p["restart_count"]) for p in following] == [
+        ("cuda.ecc_uncorrectable", 2, 1)
+    ]
+
+
+def test_a_new_attempt_without_the_previous_ones_end_finishes_it_first(tmp_path):
+    out = tmp_path / "o.out"
+    out.write_text(line(1) * 10 + OLD_BUG)
+    source = JobLogSource("n1")
+    start_attempt(source, {"stdout": str(out), "stdout_offset": 0, "restart_count": 0})
+    start_attempt(source, {"stdout": str(out), "stdout_offset": 0, "restart_count": 0})  # again
+    assert 7 not in source.next_attempt  # the same attempt's job_start twice: nothing changes
+    size = out.stat().st_size
+    start_attempt(source, {"stdout": str(out), "stdout_offset": size, "restart_count": 1})
+    pending = source.next_attempt[7]
+    start_attempt(source, {"stdout": str(out), "stdout_offset": size, "restart_count": 1})
+    assert source.next_attempt[7] is pending  # its job_start twice: nothing changes either
+    assert [p["restart_count"] for p in signatures(source.poll(1.0))] == [0]
+    assert source.jobs[7].restart_count == 1 and source.jobs[7].streams[0].offset == size
+    # attempt 1 truncates the file: nothing of it is attempt 0's, and attempt 1 reads it all
+    out.write_text(ERROR)
+    assert [p["restart_count"] for p in signatures(source.poll(2.0))] == [1]
+
+
+def test_a_job_end_in_the_same_batch_as_the_next_start_ends_the_next_attempt_too(tmp_path):
+    out = tmp_path / "o.out"
+    out.write_text("")
+    source = JobLogSource("n1")
+    start_attempt(source, {"stdout": str(out), "stdout_offset": 0, "restart_count": 0})
+    start_attempt(source, {"stdout": str(out), "stdout_offset": 0, "restart_count": 1})
+    end(source)  # attempt 1 ended before the sidecar read anything
+    out.write_text(ERROR)
+    assert [p["restart_count"] for p in signatures(source.poll(1.0))] == []  # 0: nothing
+    assert [p["restart_count"] for p in signatures(source.poll(2.0))] == [1]
+    assert source.jobs == {} and source.next_attempt == {}
+
+
+def test_a_fifo_or_a_device_as_output_is_never_read(tmp_path):
+    fifo = tmp_path / "o.out"
+    os.mkfifo(fifo)
+    source = JobLogSource("n1")
+    start_attempt(source, {"stdout": str(fifo), "stderr": "/dev/null"})
+    assert source.poll(1.0) == []  # returns at once: a FIFO without a writer does not block
+    end(source)
+    assert source.poll(2.0) == [] and source.jobs == {}

@@ -288,6 +288,28 @@ REAL_LINES = [
         "cuda.device_assert",
         "https://github.com/layumi/Person_reID_baseline_pytorch/issues/372",
     ),
+    (
+        "[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+        "unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation to complete",
+        "gloo.timeout",
+        "this project: tests/workloads/ddp_job.py --fault hang --timeout 8, torch 2.13.0+cpu, gloo",
+    ),
+    (
+        "[rank2]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+        "unbound_buffer.cc:129] Timed out waiting 8000ms for send operation to complete",
+        "gloo.timeout",
+        "this project: tests/workloads/ddp_job.py --fault hang --timeout 8, torch 2.13.0+cpu, gloo",
+    ),
+    (
+        "RuntimeError: Application timeout caused pair closure",
+        "gloo.timeout",
+        "https://github.com/lkeab/BCNet/issues/53",
+    ),
+    (
+        "srun: error: n7: task 1: Killed",
+        "slurm.task_killed",
+        "this project: tests/workloads/ddp_job.py --fault crash, local cluster (docs/progress.md)",
+    ),
 ]
 
 HEALTHY = [
@@ -330,6 +352,7 @@ def test_catalogue_loads_and_covers_the_required_families() -> None:
     [
         "torch.nccl_watchdog_timeout",
         "gloo.connection_closed",
+        "gloo.timeout",
         "torch.tcpstore_broken",
         "nccl.remote_error",
         "nccl.peer_closed",
@@ -349,6 +372,103 @@ def test_real_lines_are_recognised(line: str, expected: str, source: str) -> Non
 
 def test_healthy_training_lines_never_match() -> None:
     assert ids(HEALTHY * 100) == []
+
+
+# A real torch 2.13 traceback (tests/workloads/ddp_job.py --fault app-bug --bug key, gloo):
+# PyTorch prefixes every line with "[rankN]: "; the source lines it shows are indented.
+TORCH_KEYERROR = [
+    "[rank1]: Traceback (most recent call last):",
+    '[rank1]:   File "/work/main/tests/workloads/ddp_job.py", line 220, in <module>',
+    "[rank1]:     sys.exit(main())",
+    "[rank1]:              ^^^^^^",
+    '[rank1]:   File "/work/main/tests/workloads/ddp_job.py", line 183, in main',
+    '[rank1]:     x, y = batch(rank, step, bug and args.bug == "key")',
+    "[rank1]:            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    '[rank1]:   File "/work/main/tests/workloads/ddp_job.py", line 120, in batch',
+    '[rank1]:     _ = samples[f"sample_{BATCH + step}"]  # the loader asks for a sample it does '
+    "not have",
+    "[rank1]:         ~~~~~~~^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    "[rank1]: KeyError: 'sample_19'",
+]
+
+
+def test_only_the_exception_line_of_a_traceback_is_a_python_exception() -> None:
+    found = list(scan(TORCH_KEYERROR))
+    assert [(m.signature_id, m.line_no, m.rank) for m in found] == [
+        ("python.exception", len(TORCH_KEYERROR), 1)
+    ]
+
+
+@pytest.mark.parametrize(
+    "source_line",
+    [
+        "[rank1]:     x = d[k]  # KeyError: the loader asks for a sample it does not have",
+        "[rank1]:     except KeyError: pass",
+        "    except KeyError: pass",
+        "[rank0]:     raise ValueError: not python, but what a traceback could show",
+        '[rank3]:    raise RuntimeError(f"bad batch: {e}")',  # older torch: "[rank3]:" no space
+        '  File "train.py", line 9, in step: RuntimeError: in a file name',
+        "0:     except OSError: retry()",  # srun --label
+        "2024-05-08 08:47:31 INFO worker: ValueError: was caught and logged",
+    ],
+)
+def test_source_lines_shown_in_a_traceback_are_not_exceptions(source_line: str) -> None:
+    assert ids([source_line]) == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[rank1]: KeyError: 'sample_19'",
+        "[rank3]:ValueError: Expected input batch_size (16) to match target batch_size (8).",
+        "ValueError: Network outputs is NAN! Stop Training",
+        "AssertionError",
+        "[rank0]: AssertionError",
+        "[rank2]: torch.distributed.DistBackendError: something the catalogue does not know",
+        "3: ValueError: from srun --label",
+        " 12: ValueError: from srun --label, 13 or more tasks",
+        "[default0]:[rank0]: ValueError: from torchrun --tee",
+        "[default1]:ValueError: from torchrun --tee",
+    ],
+)
+def test_exception_lines_with_the_launchers_prefixes_are_recognised(line: str) -> None:
+    assert ids([line]) == ["python.exception"]
+
+
+def test_a_chained_traceback_gives_each_exception_line_and_no_source_line() -> None:
+    lines = [
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "/home/u/train.py", line 41, in load',
+        "[rank1]:     return cache[key]",
+        "[rank1]: KeyError: 'sample_20'",
+        "[rank1]: ",
+        "[rank1]: During handling of the above exception, another exception occurred:",
+        "[rank1]: ",
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "/home/u/train.py", line 43, in load',
+        "[rank1]:     except KeyError:",
+        '[rank1]:     raise RuntimeError(f"no sample {key}") from None  # RuntimeError: x',
+        "[rank1]: RuntimeError: no sample sample_20",
+    ]
+    found = [(m.line_no, m.signature_id) for m in scan(lines)]
+    assert found == [(4, "python.exception"), (12, "python.exception")]
+
+
+def test_srun_task_exits_are_not_catalogued_but_a_killed_task_is() -> None:
+    # "Exited with exit code 1" is what every rank that raised prints: the exception line
+    # above it says why. A killed task names its node and its task.
+    assert ids(["srun: error: n6: task 0: Exited with exit code 1"]) == []
+    (killed,) = scan(["srun: error: gpu-07.cluster: tasks 4-7: Killed"])
+    assert (killed.signature_id, killed.host, killed.rank) == (
+        "slurm.task_killed",
+        "gpu-07.cluster",
+        4,
+    )
+    payload = evidence_payload(killed)
+    assert payload["fault_class"] == "unknown" and payload["blame_node"] is False
+    assert payload["knock_on"] is False and payload["rank"] == 4
+    assert ids(["srun: error: n7: task 1: Killed by a user"]) == ["slurm.task_killed"]
+    assert ids(["srun: error: n7: task 1: Killedx"]) == []
 
 
 def test_every_signature_is_documented_with_its_example() -> None:
@@ -688,6 +808,33 @@ def test_application_bug_blames_no_node_and_stops() -> None:
     assert verdict.blame_nodes == []
     assert verdict.action == "stop"
     assert verdict.signatures[0]["id"] == "python.exception"
+
+
+def test_a_killed_rank_is_the_root_of_the_gloo_timeouts_and_blames_no_node() -> None:
+    """Rank 1 was killed; ranks 0 and 2 time out in gloo (what torch 2.13 prints, the
+    traceback's last line), then srun reports the kill and the others' exit. The killed task
+    is the first failure; the timeouts are knock-on symptoms; no node is blamed: a kill alone
+    does not say whose fault it was."""
+    lines = [
+        "[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+        "unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation to complete",
+        "[rank2]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+        "unbound_buffer.cc:129] Timed out waiting 8000ms for send operation to complete",
+        "srun: error: n7: task 1: Killed",
+        "srun: error: n6: task 0: Exited with exit code 1",
+        "srun: error: n8: task 2: Exited with exit code 1",
+    ]
+    found = list(scan(lines))
+    assert [m.signature_id for m in found] == ["gloo.timeout", "gloo.timeout", "slurm.task_killed"]
+    verdict = classify(found, nodes=["n6", "n7", "n8"], rank_to_node={0: "n6", 1: "n7", 2: "n8"})
+    assert (verdict.fault_domain, verdict.blame_nodes, verdict.action) == ("unknown", [], "requeue")
+    assert verdict.signatures[0] == {"id": "slurm.task_killed", "line_no": 3, "text": lines[2]}
+    assert verdict.category == "launcher"
+    # with the rank's own exception, the application error is the root, as before
+    bug = "[rank1]: KeyError: 'sample_20'"
+    assert classify(scan([bug, *lines])).fault_domain == "application"
+    for payload in map(evidence_payload, found):
+        assert payload["fault_class"] != "application" and payload["blame_node"] is False
 
 
 def test_first_failure_in_time_across_ranks_is_the_root() -> None:

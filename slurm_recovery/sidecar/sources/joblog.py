@@ -2,7 +2,14 @@
 
 The sidecar learns a job's stdout and stderr paths from the prolog's ``job_start`` event
 (which passes through this node's hook spool) and follows both files (one, when Slurm writes
-both streams to the same file) while the job runs, each from its own offset:
+both streams to the same file) while the job runs, each from its own offset. A job attempt's
+output begins where the file ended when its prolog ran (``stdout_offset``/``stderr_offset`` in
+the ``job_start``): a requeued job that appends to its output file (``--open-mode=append``)
+must not read the previous attempt's lines as its own. Without those keys (an older prolog, a
+file the prolog would not stat) the follower starts at the file's size when it learns of the
+job, which misses whatever the job wrote before that (see :func:`_start_offset`). A file
+smaller than its offset was truncated (a requeued attempt in truncate mode) and is read from
+the start:
 
 - recognised training progress becomes ``progress`` evidence (the latest step per rank, at
   most every ``PROGRESS_EVERY`` seconds per job);
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -58,14 +66,19 @@ class _Stream:
     path: str
     offset: int = 0
     partial: bytes = b""
-    #: complete lines read so far; None once lines were skipped (numbers unknown after)
+    #: complete lines read so far (from where the attempt's output began); None once lines
+    #: were skipped (numbers unknown after)
     lines: int | None = 0
+    #: where the next attempt's output begins in this file, once it has started: the end of
+    #: this attempt's output
+    stop: int | None = None
 
 
 @dataclass
 class _Followed:
     job_id: int
     streams: list[_Stream]
+    restart_count: int | None = None
     latest: dict[int | None, ProgressSample] = field(default_factory=dict)
     sent_steps: dict[int | None, int] = field(default_factory=dict)
     last_sent: float = 0.0
@@ -85,24 +98,53 @@ class JobLogSource:
     def __init__(self, node: str) -> None:
         self.node = node
         self.jobs: dict[int, _Followed] = {}
+        #: the next attempt of a job whose previous attempt is still being finished
+        self.next_attempt: dict[int, _Followed] = {}
         self.parser = ProgressLineParser()
         self.catalogue = default_catalogue()
 
     def see(self, findings: Iterable[Finding]) -> None:
-        """Watch the events the sidecar queued: start following on job_start, stop on job_end."""
+        """Watch the events the sidecar queued: start following on job_start, stop on job_end.
+
+        This node's events come in the order its hooks ran. A job_end ends the attempt
+        followed last (the epilog of a requeued attempt already carries the next attempt's
+        ``restart_count``, so the count cannot say which attempt ended). A job_start of a new
+        attempt while the previous one is still followed (its job_end not seen yet) ends the
+        previous one first: it is read up to where the new attempt's output begins."""
         for f in findings:
             if f.job_id is None:
                 continue
             payload: dict[str, Any] = dict(f.payload)
-            if f.kind == "job_start" and f.job_id not in self.jobs:
-                nodes = payload.get("nodes") or []
-                if not nodes or nodes[0] != self.node:  # the batch node runs the script
-                    continue
-                streams = _streams(payload.get("stdout"), payload.get("stderr"))
-                if streams:
-                    self.jobs[f.job_id] = _Followed(f.job_id, streams)
-            elif f.kind == "job_end" and f.job_id in self.jobs:
-                self.jobs[f.job_id].ending = True
+            if f.kind == "job_start":
+                self._start(f.job_id, payload)
+            elif f.kind == "job_end":
+                job = self.next_attempt.get(f.job_id) or self.jobs.get(f.job_id)
+                if job is not None:
+                    job.ending = True
+
+    def _start(self, job_id: int, payload: dict[str, Any]) -> None:
+        nodes = payload.get("nodes") or []
+        if not nodes or nodes[0] != self.node:  # the batch node runs the script
+            return
+        count = payload.get("restart_count")
+        count = count if type(count) is int else None
+        current = self.jobs.get(job_id)
+        for known in (current, self.next_attempt.get(job_id)):
+            if known is not None and not known.ending and known.restart_count == count:
+                return  # the same attempt's job_start again
+        streams = _streams(payload)
+        if not streams:
+            return
+        job = _Followed(job_id, streams, restart_count=count)
+        if current is None:
+            self.jobs[job_id] = job
+            return
+        current.ending = True  # a new attempt: the previous one is over
+        for old in current.streams:
+            for new in streams:
+                if _same_file(old.path, new.path):
+                    old.stop = new.offset
+        self.next_attempt[job_id] = job
 
     def poll(self, now: float) -> list[Finding]:
         out: list[Finding] = []
@@ -110,6 +152,9 @@ class JobLogSource:
             if job.ending:
                 out += self._finish(job, now)
                 del self.jobs[job.job_id]
+                following = self.next_attempt.pop(job.job_id, None)
+                if following is not None:
+                    self.jobs[job.job_id] = following
             else:
                 for stream in job.streams:
                     out += self._read(job, stream, now)
@@ -158,13 +203,19 @@ class JobLogSource:
 
     def _read_rest(self, job: _Followed, stream: _Stream, now: float) -> list[Finding]:
         """Everything from the stream's offset to the end of the file as it is now (the last
-        END_READ_LIMIT bytes of it when more is left), the last line too."""
+        END_READ_LIMIT bytes of it when more is left), the last line too; up to where the next
+        attempt's output begins, when one has started."""
         try:
             size = os.stat(stream.path).st_size
         except OSError:
             size = stream.offset
         if size < stream.offset:  # truncated (a requeued attempt rewrote it)
-            stream.offset, stream.partial, stream.lines = 0, b"", 0
+            if stream.stop is not None:  # by the next attempt: what is there is not ours
+                size = stream.offset
+            else:
+                stream.offset, stream.partial, stream.lines = 0, b"", 0
+        if stream.stop is not None:
+            size = max(min(size, stream.stop), stream.offset)
         rest = size - stream.offset
         if rest > END_READ_LIMIT:
             log.warning(
@@ -193,19 +244,30 @@ class JobLogSource:
         return out
 
     def _chunk(self, job: _Followed, stream: _Stream, limit: int) -> bytes:
-        """Up to ``limit`` bytes from the stream's offset (which moves past them)."""
+        """Up to ``limit`` bytes from the stream's offset (which moves past them). Only a
+        regular file is read: opening is non-blocking, and a FIFO or a device (``-o
+        /dev/null``) is left alone, so the sidecar's fast tick never waits on a job's file."""
         try:
-            with open(stream.path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size < stream.offset:  # truncated (a requeued attempt rewrote it)
-                    stream.offset, stream.partial, stream.lines = 0, b"", 0
-                fh.seek(stream.offset)
-                data = fh.read(limit)
+            fd = os.open(stream.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return b""  # not created yet
         except OSError as exc:
             log.warning("job %d: cannot read %s: %s", job.job_id, stream.path, exc)
             return b""
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return b""
+            if info.st_size < stream.offset:  # truncated (a requeued attempt rewrote it)
+                if stream.stop is not None:
+                    return b""  # by the next attempt: nothing more of this one
+                stream.offset, stream.partial, stream.lines = 0, b"", 0
+            data = os.pread(fd, limit, stream.offset)
+        except OSError as exc:
+            log.warning("job %d: cannot read %s: %s", job.job_id, stream.path, exc)
+            return b""
+        finally:
+            os.close(fd)
         stream.offset += len(data)
         return data
 
@@ -242,6 +304,8 @@ class JobLogSource:
         """Report ``match`` now, keep it for the end, or drop it (see the module docstring)."""
         payload = evidence_payload(match, self.catalogue)
         payload["stream"] = stream.name
+        if job.restart_count is not None:
+            payload["restart_count"] = job.restart_count
         if stream.lines is None:
             payload["line_no"] = None  # lines were skipped before it: its number is unknown
         finding = Finding("log_signature", now, job_id=job.job_id, payload=payload)
@@ -269,6 +333,8 @@ class JobLogSource:
             payload: dict[str, Any] = {"step": sample.step, "ts": sample.ts, "origin": "log"}
             if sample.rank is not None:
                 payload["rank"] = sample.rank
+            if job.restart_count is not None:
+                payload["restart_count"] = job.restart_count
             out.append(Finding("progress", now, job_id=job.job_id, payload=payload))
         return out
 
@@ -277,15 +343,42 @@ class JobLogSource:
 
     def close(self) -> None:
         self.jobs.clear()
+        self.next_attempt.clear()
 
 
-def _streams(stdout: Any, stderr: Any) -> list[_Stream]:
-    """The files to follow: stdout, and stderr when Slurm writes it elsewhere."""
+def _same_file(a: str, b: str) -> bool:
+    return os.path.normpath(a) == os.path.normpath(b)
+
+
+def _streams(payload: dict[str, Any]) -> list[_Stream]:
+    """The files to follow: stdout, and stderr when Slurm writes it elsewhere, each from
+    where this attempt's output begins (:func:`_start_offset`)."""
     streams: list[_Stream] = []
-    for name, path in (("stdout", stdout), ("stderr", stderr)):
+    for name in ("stdout", "stderr"):
+        path = payload.get(name)
         if not path or not isinstance(path, str):
             continue
-        if any(os.path.normpath(s.path) == os.path.normpath(path) for s in streams):
+        if any(_same_file(s.path, path) for s in streams):
             continue  # both streams go to one file: follow it once
-        streams.append(_Stream(name, path))
+        offset = _start_offset(path, payload.get(f"{name}_offset"))
+        streams.append(_Stream(name, path, offset=offset))
     return streams
+
+
+def _start_offset(path: str, recorded: Any) -> int:
+    """Where the attempt's output begins in ``path``: the size the prolog recorded before the
+    job could write (``stdout_offset``/``stderr_offset``), else the file's size now.
+
+    The fallback is a choice between two wrongs. Reading from 0 would take a previous
+    attempt's lines (or an earlier job's, in a reused file opened in append mode) as this
+    attempt's: an old application error would stop a healthy requeued job. Starting at the
+    size now misses only what the job wrote between its start and the sidecar reading the
+    job_start (its first fast tick, a fraction of a second later), and the only cost is a
+    verdict with less evidence. A missing file begins at 0."""
+    if type(recorded) is int and recorded >= 0:
+        return recorded
+    try:
+        info = os.stat(path)
+    except OSError:
+        return 0
+    return info.st_size if stat.S_ISREG(info.st_mode) else 0

@@ -1,0 +1,61 @@
+"""A job attempt's log lines, judged together: the controller's side of ``srecovery explain-log``.
+
+The sidecar sends each recognised line of a job's output as ``log_signature`` evidence; here
+the lines of one attempt are turned back into matches and classified by
+:func:`slurm_recovery.signals.logs.classify`, the same code that ``srecovery explain-log`` runs
+on files: knock-on symptoms (a peer's timeout, a closed connection) are never the root and never
+blame a node, the first failure in time is the root, a decisive hardware or system line beats an
+earlier application error, and hosts named in the lines or ranks placed by Slurm's task layout
+say which node a line is about.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from slurm_recovery.decide.hang import of_attempt, rank_node
+from slurm_recovery.decide.model import Evidence
+from slurm_recovery.scheduler.base import Job
+from slurm_recovery.signals.logs import LogVerdict, classify, match_from_payload
+
+
+@dataclass(frozen=True)
+class JobLogVerdict:
+    verdict: LogVerdict
+    #: the evidence ids of the lines the verdict shows, the root's first
+    evidence_ids: tuple[int, ...]
+
+
+def judge_job_log(evidence: Iterable[Evidence], job: Job, since: float) -> JobLogVerdict | None:
+    """The verdict on ``job``'s ``log_signature`` evidence of its current attempt observed from
+    ``since`` on (reading order: when observed, then line number); None without any."""
+    lines = sorted(
+        (
+            ev
+            for ev in evidence
+            if ev.kind == "log_signature"
+            and ev.job_id == job.job_id
+            and ev.observed_at >= since
+            and of_attempt(ev, job.restart_count)
+        ),
+        key=lambda ev: (ev.observed_at, _line_no(ev), ev.id),
+    )
+    matches = []
+    for ev in lines:
+        match = match_from_payload(ev.payload, source=str(ev.id))
+        if match is not None:
+            matches.append(match)
+    if not matches:
+        return None
+    ranks = [m.rank for m in matches if m.rank is not None]
+    world = max(ranks) + 1 if ranks else 0
+    layout = {r: node for r in set(ranks) if (node := rank_node(r, world, job.nodes))}
+    verdict = classify(matches, nodes=job.nodes, rank_to_node=layout)
+    ids = tuple(int(source) for source in verdict.sources if source is not None)
+    return JobLogVerdict(verdict, ids)
+
+
+def _line_no(ev: Evidence) -> int:
+    value = ev.payload.get("line_no")
+    return value if type(value) is int else 0
