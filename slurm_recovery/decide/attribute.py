@@ -3,8 +3,9 @@
 Pure and deterministic: no clock, no files, no logging; the order of the evidence does not
 matter. Only evidence inside the policy's ``fatal_evidence_window`` around the failure counts
 (Meta's study: node events from 10 minutes before to 5 minutes after), and only evidence from one
-of the job's nodes, or naming the job. **A node is implicated only by evidence from that node**
-(``Evidence.node``); the evidence ids behind every implicated node are in the verdict.
+of the job's nodes, or naming the job. **A node is implicated only by evidence about that node**
+(``Evidence.node``, or a hardware/system line of the job's log naming it: ``decide.joblogs``);
+the evidence ids behind every implicated node are in the verdict.
 
 Each piece of evidence becomes a finding: a class, whether it is *decisive*, a confidence, and
 the node it implicates (if any). The verdict is the first tier that has findings:

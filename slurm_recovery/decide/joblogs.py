@@ -11,8 +11,8 @@ say which node a line is about.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from slurm_recovery.decide.hang import of_attempt, rank_node
 from slurm_recovery.decide.model import Evidence
@@ -25,6 +25,8 @@ class JobLogVerdict:
     verdict: LogVerdict
     #: the evidence ids of the lines the verdict shows, the root's first
     evidence_ids: tuple[int, ...]
+    #: blamed node -> the evidence ids of the lines about it (naming its host or its rank)
+    blamed: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def judge_job_log(evidence: Iterable[Evidence], job: Job, since: float) -> JobLogVerdict | None:
@@ -48,12 +50,37 @@ def judge_job_log(evidence: Iterable[Evidence], job: Job, since: float) -> JobLo
             matches.append(match)
     if not matches:
         return None
-    ranks = [m.rank for m in matches if m.rank is not None]
-    world = max(ranks) + 1 if ranks else 0
-    layout = {r: node for r in set(ranks) if (node := rank_node(r, world, job.nodes))}
+    layout = rank_layout(lines, job.nodes)
     verdict = classify(matches, nodes=job.nodes, rank_to_node=layout)
     ids = tuple(int(source) for source in verdict.sources if source is not None)
-    return JobLogVerdict(verdict, ids)
+    about = line_nodes(lines, job.nodes)
+    blamed = {node: tuple(i for i in ids if about.get(i) == node) for node in verdict.blame_nodes}
+    return JobLogVerdict(verdict, ids, blamed)
+
+
+def rank_layout(lines: Sequence[Evidence], job_nodes: Sequence[str]) -> dict[int, str]:
+    """rank -> node for the ranks the lines name, by Slurm's default block layout over at
+    least as many tasks as the highest rank seen."""
+    ranks = [r for ev in lines if type(r := ev.payload.get("rank")) is int and r >= 0]
+    world = max(ranks) + 1 if ranks else 0
+    return {r: node for r in set(ranks) if (node := rank_node(r, world, job_nodes))}
+
+
+def line_nodes(lines: Sequence[Evidence], job_nodes: Sequence[str]) -> dict[int, str]:
+    """Evidence id -> the job node a log line is about: the host it names (a job node), else
+    its rank's node (:func:`rank_layout`). Lines about no job node are left out."""
+    layout = rank_layout(lines, job_nodes)
+    short = {node.split(".", 1)[0]: node for node in job_nodes}
+    about = {}
+    for ev in lines:
+        host = ev.payload.get("host")
+        rank = ev.payload.get("rank")
+        node = short.get(host.split(".", 1)[0]) if isinstance(host, str) else None
+        if node is None and type(rank) is int:
+            node = layout.get(rank)
+        if node is not None:
+            about[ev.id] = node
+    return about
 
 
 def _line_no(ev: Evidence) -> int:

@@ -213,7 +213,7 @@ def test_application_fault_stops_the_job_and_blames_no_node(stacks, submit, sche
                 node=first.nodes[0],
                 job_id=job_id,
                 payload={
-                    "signature": "cuda_illegal_address",
+                    "signature": "cuda.illegal_memory_access",
                     "fault_class": "application",
                     "blame_node": False,
                     "text": "CUDA error: an illegal memory access was encountered",

@@ -16,6 +16,7 @@ from slurm_recovery.decide.advise import advise, after_drains
 from slurm_recovery.decide.attribute import attribute
 from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.decide.detect import detect
+from slurm_recovery.decide.joblogs import line_nodes
 from slurm_recovery.decide.model import (
     Action,
     Advice,
@@ -34,8 +35,10 @@ from slurm_recovery.decide.policy import (
     Policy,
 )
 from slurm_recovery.scheduler.base import ExitCode, Job, Node
+from slurm_recovery.signals.logs import default_catalogue
 
 CATALOGUE = load_xid_catalogue()
+SIGNATURE_IDS = [signature.id for signature in default_catalogue().signatures]
 NOW = 1_000_000.0
 PARTITIONS = ("gpu", "cpu", "big")
 JOB_STATES = (
@@ -125,11 +128,18 @@ def evidence_for(draw, view: ClusterView) -> list[Evidence]:
         elif kind == "operator_report":
             payload = {"reason": draw(st.text(max_size=20))}
         elif kind == "log_signature":
-            payload = {
-                "signature": "sig",
+            payload = {  # the controller judges lines by the catalogue, not by these claims
+                "signature": draw(st.sampled_from([*SIGNATURE_IDS, "not.catalogued"])),
                 "fault_class": draw(st.sampled_from([c.value for c in FaultClass] + ["odd"])),
                 "blame_node": draw(st.booleans()),
+                "text": draw(st.sampled_from(MESSAGES)),
             }
+            host = draw(st.sampled_from([*names, None]))
+            if host is not None:
+                payload["host"] = host
+            rank = draw(st.one_of(st.none(), st.integers(0, 7)))
+            if rank is not None:
+                payload["rank"] = rank
         elif kind == "node_state":
             payload = {
                 "state": draw(st.sampled_from(("DOWN", "IDLE", "down*", "FAIL"))),
@@ -219,8 +229,13 @@ def pipeline(view, evidence, policy, restarts, *, chain: bool = False):
 
 
 def check_evidence_backs_nodes(verdict: Verdict, advice: Advice, evidence, job: Job) -> None:
+    """Every implicated node is backed by evidence in the verdict about it: sent from that
+    node, or a line of the job's log that names it (its host, or its rank's node)."""
     by_id = {e.id: e for e in evidence}
+    logs = [e for e in evidence if e.kind == "log_signature" and e.job_id == job.job_id]
+    about = line_nodes(logs, job.nodes)
     backed = {by_id[i].node for i in verdict.evidence_ids if i in by_id}
+    backed |= {about[i] for i in verdict.evidence_ids if i in about}
     assert set(verdict.evidence_ids) <= set(by_id)
     assert verdict.nodes <= backed
     assert verdict.nodes <= set(job.nodes)
