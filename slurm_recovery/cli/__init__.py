@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from slurm_recovery import __version__, hostlist
+from slurm_recovery.cli import audit_cmds, console, operator_cmds, read_cmds
 from slurm_recovery.cli.controller_cmds import advice, explain, report
 from slurm_recovery.cli.demo import demo
 from slurm_recovery.cli.dev import dev
@@ -118,6 +119,9 @@ cli.add_command(dev)
 cli.add_command(explain_log)
 cli.add_command(sim)
 cli.add_command(watchdog_command, name="watchdog")
+for _module in (read_cmds, operator_cmds, audit_cmds, console):
+    for _command in _module.COMMANDS:
+        cli.add_command(_command)
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_recovery import hostlist
+from slurm_recovery.controller.observe import observe
 from slurm_recovery.controller.wire import parse_event
 from slurm_recovery.decide.advise import advise, after_drains
 from slurm_recovery.decide.attribute import attribute
@@ -116,6 +117,28 @@ def verdict_json(verdict: Verdict) -> dict[str, Any]:
     }
 
 
+def job_snapshot(job: Job) -> dict[str, Any]:
+    """The job as Slurm showed it when the advice was given: kept with the advice, so that
+    ``srecovery replay`` can decide again with another policy."""
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "state": job.state,
+        "user": job.user,
+        "partition": job.partition,
+        "nodes": list(job.nodes),
+        "num_nodes": job.num_nodes,
+        "submit_time": job.submit_time,
+        "start_time": job.start_time,
+        "end_time": job.end_time,
+        "restart_count": job.restart_count,
+        "exit_code": [job.exit_code.returncode, job.exit_code.signal],
+        "excluded_nodes": sorted(job.excluded_nodes),
+        "required_nodes": sorted(job.required_nodes),
+        "requeueable": job.requeueable,
+    }
+
+
 class Reconciler:
     """One controller's loop. Owns its Store connection: call only from one thread."""
 
@@ -182,6 +205,10 @@ class Reconciler:
                 except Exception:  # a bad spool must never stop recovery
                     log.exception("%s failed; going on", side_input.__name__)
             view = self._view()
+            try:
+                observe(self.store, view, self.last_view)
+            except Exception:  # a record for the scorecard must never stop recovery
+                log.exception("recording Slurm changes failed; going on")
             self.last_view = view
             self._detect_and_decide(view)
             busy = False
@@ -289,12 +316,7 @@ class Reconciler:
             "drain": sorted(advice.drain),
             "needs_operator": advice.needs_operator,
             "verdict": verdict_json(verdict),
-            "job": {
-                "job_id": job.job_id,
-                "restart_count": job.restart_count,
-                "partition": job.partition,
-                "nodes": list(job.nodes),
-            },
+            "job": job_snapshot(job),
         }
         with self.store.transaction():
             incident = self.store.open_incident(

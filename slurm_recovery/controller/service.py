@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from slurm_recovery import __version__
 from slurm_recovery.auth import authorize, requests
 from slurm_recovery.config import Config
-from slurm_recovery.controller import views
+from slurm_recovery.controller import audit_api, operator_api, read_api, views
 from slurm_recovery.controller.loop import Reconciler
 from slurm_recovery.controller.metrics import Metrics
 from slurm_recovery.controller.wire import WireError, parse_batch
@@ -267,6 +267,40 @@ class Controller:
         authorize.authorize_read(principal)
         return fn(self.ingest.store())
 
+    async def _write(
+        self, request: web.Request, fn: Callable[[Store, requests.Principal, bytes], Any]
+    ) -> web.Response:
+        """An operator's request: authenticated, authorized (operators only), run with the
+        store; ``fn`` raises ValueError for a bad request (400) and returns None for not found
+        (404). The loop is woken so the change takes effect at once."""
+        body = await request.read()
+        try:
+            result = await self.ingest.run(self._authorized_write, request, body, fn)
+        except requests.AuthError as err:
+            return self._refuse(err)
+        except ValueError as err:
+            return web.json_response({"error": str(err)}, status=400)
+        except StoreError as err:
+            log.error("operator request not stored: %s", err)
+            return web.json_response(
+                {"error": f"not stored: {err}"}, status=503, headers={"Retry-After": "5"}
+            )
+        if result is None:
+            return web.json_response({"error": "not found"}, status=404)
+        self._wake.set()
+        return web.json_response(result)
+
+    def _authorized_write(
+        self,
+        request: web.Request,
+        body: bytes,
+        fn: Callable[[Store, requests.Principal, bytes], Any],
+    ) -> Any:
+        principal = self._principal(request, body)
+        if not self.insecure:
+            authorize.authorize_operator(principal, self.operators)
+        return fn(self.ingest.store(), principal, body)
+
     async def get_incidents(self, request: web.Request) -> web.Response:
         q = request.query
         limit = _int(q.get("limit"), 100)
@@ -365,6 +399,9 @@ class Controller:
                 web.get("/v1/nodes", self.get_nodes),
                 web.get("/healthz", self.healthz),
                 web.get("/metrics", self.metrics_endpoint),
+                *read_api.routes(self),
+                *operator_api.routes(self),
+                *audit_api.routes(self),
             ]
         )
         return app
