@@ -7,7 +7,8 @@ import os
 
 from slurm_recovery.sidecar.base import Finding
 from slurm_recovery.sidecar.sources import joblog
-from slurm_recovery.sidecar.sources.joblog import MAX_SIGNATURES, PROGRESS_EVERY, JobLogSource
+from slurm_recovery.sidecar.sources.joblog import MAX_SIGNATURES, JobLogSource
+from slurm_recovery.sidecar.sources.progress_out import PROGRESS_EVERY
 
 
 def start(source: JobLogSource, path, nodes=("n1", "n2"), job_id=7) -> None:

@@ -15,11 +15,8 @@ from slurm_recovery import jobdir
 from slurm_recovery.controller.wire import parse_event
 from slurm_recovery.progress import Reporter
 from slurm_recovery.sidecar.base import Finding
-from slurm_recovery.sidecar.sources.progressfile import (
-    PROGRESS_EVERY,
-    ProgressFileSource,
-    loss_value,
-)
+from slurm_recovery.sidecar.sources.progress_out import PROGRESS_EVERY
+from slurm_recovery.sidecar.sources.progressfile import ProgressFileSource, loss_value
 
 NODE = "n1"
 UID = os.getuid()

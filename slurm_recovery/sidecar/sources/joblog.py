@@ -38,14 +38,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_recovery.decide.hang import ProgressSample
 from slurm_recovery.sidecar.base import Finding
+from slurm_recovery.sidecar.sources.progress_out import LatestPerRank
 from slurm_recovery.signals.logs import Match, default_catalogue, evidence_payload
 from slurm_recovery.signals.progress import ProgressLineParser
 
 log = logging.getLogger("srecovery.sidecar.joblog")
 
-PROGRESS_EVERY = 2.0
 #: Signatures per job attempt reported as they come, and again kept for the end.
 MAX_SIGNATURES = 50
 #: Decisive signatures reported at once after the first MAX_SIGNATURES.
@@ -79,9 +78,7 @@ class _Followed:
     job_id: int
     streams: list[_Stream]
     restart_count: int | None = None
-    latest: dict[int | None, ProgressSample] = field(default_factory=dict)
-    sent_steps: dict[int | None, int] = field(default_factory=dict)
-    last_sent: float = 0.0
+    progress: LatestPerRank = field(default_factory=LatestPerRank)
     signatures: int = 0  # reported as they came
     decisive: int = 0  # reported at once after the first MAX_SIGNATURES
     tail: deque[Finding] = field(default_factory=lambda: deque(maxlen=MAX_SIGNATURES))
@@ -289,7 +286,7 @@ class JobLogSource:
             for line in block.decode("utf-8", errors="replace").splitlines():
                 sample = self.parser.parse(line, now, self.node)
                 if sample is not None:
-                    job.latest[sample.rank] = sample
+                    job.progress.see(sample)
         first = (stream.lines or 0) + 1
         findings: list[Finding] = []
         for match in self.catalogue.scan_text(block, first_line=first, source=stream.name):
@@ -321,15 +318,8 @@ class JobLogSource:
         return []
 
     def _progress(self, job: _Followed, now: float, force: bool = False) -> list[Finding]:
-        if not force and now - job.last_sent < PROGRESS_EVERY:
-            return []
-        fresh = [s for rank, s in job.latest.items() if job.sent_steps.get(rank) != s.step]
-        if not fresh:
-            return []
-        job.last_sent = now
         out = []
-        for sample in fresh:
-            job.sent_steps[sample.rank] = sample.step
+        for sample in job.progress.due(now, force):
             payload: dict[str, Any] = {"step": sample.step, "ts": sample.ts, "origin": "log"}
             if sample.rank is not None:
                 payload["rank"] = sample.rank

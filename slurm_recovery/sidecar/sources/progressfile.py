@@ -33,13 +33,12 @@ from typing import Any
 from slurm_recovery import jobdir
 from slurm_recovery.decide.hang import ProgressSample
 from slurm_recovery.sidecar.base import Finding
+from slurm_recovery.sidecar.sources.progress_out import LatestPerRank
 from slurm_recovery.signals.flight_recorder import evidence_payload, read_dumps
 from slurm_recovery.signals.progress import ProgressFileReader
 
 log = logging.getLogger("srecovery.sidecar.progressfile")
 
-#: Seconds between two progress findings of one job.
-PROGRESS_EVERY = 2.0
 #: The last read at job end reads at most this many chunks of the reader's ``max_bytes``.
 FINAL_READS = 16
 #: The progress API writes ``ts`` rounded to the millisecond.
@@ -79,9 +78,7 @@ class _Followed:
     reader: ProgressFileReader
     #: samples from before this (the job_start) belong to an earlier attempt; None: keep all
     since: float | None = None
-    latest: dict[int | None, ProgressSample] = field(default_factory=dict)
-    sent_steps: dict[int | None, int] = field(default_factory=dict)
-    last_sent: float = -math.inf
+    progress: LatestPerRank = field(default_factory=LatestPerRank)
     #: when the job ended on this node (its job_end); None while it runs
     ended_at: float | None = None
     #: the reader's last problem, logged once
@@ -203,21 +200,15 @@ class ProgressFileSource:
                 log.warning("job %d: cannot read its progress file: %s", job.job_id, job.error)
         for sample in samples:
             if job.since is None or sample.ts >= job.since - TS_ROUNDING:
-                job.latest[sample.rank] = sample
+                job.progress.see(sample)
 
     def _progress(self, job: _Followed, now: float, force: bool = False) -> list[Finding]:
-        if not force and now - job.last_sent < PROGRESS_EVERY:
-            return []
-        fresh = [s for rank, s in job.latest.items() if job.sent_steps.get(rank) != s.step]
-        if not fresh:
-            return []
-        job.last_sent = now
-        out = []
-        for sample in fresh:
-            job.sent_steps[sample.rank] = sample.step
-            payload = progress_payload(sample, job.restart_count)
-            out.append(Finding("progress", now, job_id=job.job_id, payload=payload))
-        return out
+        return [
+            Finding(
+                "progress", now, job_id=job.job_id, payload=progress_payload(s, job.restart_count)
+            )
+            for s in job.progress.due(now, force)
+        ]
 
     def _remove(self, job: _Followed) -> None:
         """Remove the job's directory after its last read, unless a later attempt of the same
