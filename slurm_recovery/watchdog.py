@@ -38,6 +38,11 @@ from slurm_recovery.scheduler import (
 
 #: The spool file, one JSON object per line: see :class:`Release`.
 RELEASES_FILE = "releases.jsonl"
+#: Written (replaced) after every sweep: when the watchdog last ran, for ``srecovery status``.
+HEARTBEAT_FILE = "heartbeat.json"
+#: A heartbeat older than this many sweep intervals (and at least STALE_MIN seconds) is stale.
+STALE_INTERVALS = 3
+STALE_MIN = 60.0
 #: The ``action`` of every record the watchdog writes.
 ACTION_RELEASED = "released"
 #: Exit codes of ``srecovery watchdog`` (the same meanings as every ``srecovery`` command).
@@ -182,6 +187,51 @@ def append_release(spool: Path, record: Release) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+# --------------------------------------------------------------------------------- the heartbeat
+
+
+def write_heartbeat(
+    spool: Path, *, ts: float, host: str, interval: float, result: SweepResult
+) -> None:
+    """Replace ``spool/heartbeat.json`` (atomically) with what this sweep did. Raises OSError."""
+    spool.mkdir(mode=0o750, parents=True, exist_ok=True)
+    beat = {
+        "ts": ts,
+        "host": host,
+        "pid": os.getpid(),
+        "interval": interval,
+        "released": len(result.released),
+        "slurm_reachable": not result.unreachable,
+        "problems": len(result.problems),
+    }
+    tmp = spool / f".{HEARTBEAT_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(beat) + "\n", encoding="utf-8")
+    tmp.chmod(0o644)
+    tmp.replace(spool / HEARTBEAT_FILE)
+
+
+def read_heartbeat(spool: Path) -> dict[str, Any] | None:
+    """The last heartbeat, or None when the watchdog never ran here (or it is unreadable)."""
+    try:
+        beat = json.loads((spool / HEARTBEAT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(beat, dict) or type(beat.get("ts")) not in (int, float):
+        return None
+    return beat
+
+
+def heartbeat_state(beat: dict[str, Any] | None, now: float) -> str:
+    """``never`` (no heartbeat), ``stale`` (older than STALE_INTERVALS sweeps, at least
+    STALE_MIN seconds) or ``ok``. Pure."""
+    if beat is None:
+        return "never"
+    interval = beat.get("interval")
+    if type(interval) not in (int, float) or interval <= 0:
+        interval = 0.0
+    return "stale" if now - float(beat["ts"]) > max(STALE_INTERVALS * interval, STALE_MIN) else "ok"
 
 
 # --------------------------------------------------------------------------------- the sweep
@@ -411,19 +461,24 @@ def run(
             return EXIT_USAGE
         host = socket.gethostname()
         if once:
-            return _safe_sweep(scheduler, spool, host).exit_code
+            return _safe_sweep(scheduler, spool, host, every).exit_code
         return _loop(scheduler, spool, host, every)
     finally:
         package_log.removeHandler(handler)
         package_log.setLevel(saved_level)
 
 
-def _safe_sweep(scheduler: Scheduler, spool: Path, host: str) -> SweepResult:
+def _safe_sweep(scheduler: Scheduler, spool: Path, host: str, every: float) -> SweepResult:
     try:
-        return sweep_result(scheduler, now=time.time(), spool=spool, host=host)
+        result = sweep_result(scheduler, now=time.time(), spool=spool, host=host)
     except Exception as exc:  # never let a bug end the process
         log.exception("sweep failed: %s", exc)
-        return SweepResult(problems=[f"sweep failed: {exc}"])
+        result = SweepResult(problems=[f"sweep failed: {exc}"])
+    try:
+        write_heartbeat(spool, ts=time.time(), host=host, interval=every, result=result)
+    except OSError as exc:
+        log.warning("heartbeat not written to %s: %s", spool / HEARTBEAT_FILE, exc)
+    return result
 
 
 def _loop(scheduler: Scheduler, spool: Path, host: str, every: float) -> int:
@@ -442,7 +497,7 @@ def _loop(scheduler: Scheduler, spool: Path, host: str, every: float) -> int:
     try:
         next_at = time.monotonic()
         while not stop.is_set():
-            _safe_sweep(scheduler, spool, host)
+            _safe_sweep(scheduler, spool, host, every)
             next_at = max(next_at + every, time.monotonic())
             stop.wait(next_at - time.monotonic())
     finally:

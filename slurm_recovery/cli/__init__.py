@@ -22,6 +22,8 @@ from slurm_recovery.scheduler import SchedulerError, Unreachable, open_scheduler
 from slurm_recovery.watchdog import watchdog_command
 
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+#: The environment variable of click's completion protocol for ``srecovery``.
+COMPLETE_VAR = "_SRECOVERY_COMPLETE"
 
 
 def load_or_exit(ctx: click.Context) -> Config:
@@ -33,7 +35,21 @@ def load_or_exit(ctx: click.Context) -> Config:
         raise AssertionError("unreachable") from exc
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+EPILOG = """\b
+Examples (a job was requeued at 3 a.m.):
+  srecovery status                  controller up? which mode? what needs me?
+  srecovery incidents --since 12h   what happened overnight
+  srecovery explain 4242            job 4242: evidence, verdict, what was done
+  srecovery nodes n17               what the tool did to n17, and why
+  srecovery console                 live dashboard (q quits)
+  eval "$(srecovery completion bash)"   tab completion
+
+Exit codes: 0 done, 1 failed, 2 bad usage or config, 3 controller or slurmctld did not
+answer, 4 not allowed, 5 a check found a problem. More: docs/cli.md, `srecovery COMMAND -h`.
+"""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
 @click.version_option(__version__, prog_name="srecovery")
 @config_option
 @click.pass_context
@@ -109,6 +125,26 @@ def slurm(ctx: click.Context, as_json: bool) -> None:
         click.echo(
             f"{j['job_id']:>8} {j['state']:<10} {j['restart_count']:>8} {nodes:<16} {excluded}"
         )
+
+
+@cli.command("completion")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the tab-completion script for SHELL (bash, zsh or fish).
+
+    \b
+    bash:  eval "$(srecovery completion bash)"     (in ~/.bashrc), or
+           srecovery completion bash > /etc/bash_completion.d/srecovery
+    zsh:   eval "$(srecovery completion zsh)"      (in ~/.zshrc)
+    fish:  srecovery completion fish > ~/.config/fish/completions/srecovery.fish
+
+    Commands, subcommands, options and choices complete; bash needs version 4.4 or later.
+    """
+    from click.shell_completion import get_completion_class
+
+    complete = get_completion_class(shell)
+    assert complete is not None  # the Choice allows only the shells click knows
+    click.echo(complete(cli, {}, "srecovery", COMPLETE_VAR).source())
 
 
 cli.add_command(demo)

@@ -14,9 +14,10 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from slurm_recovery import hostlist
@@ -41,6 +42,7 @@ from slurm_recovery.store import (
     EvidenceRecord,
     Incident,
     JobAttempt,
+    ModeOverride,
     NodeState,
     Store,
 )
@@ -139,6 +141,27 @@ def job_snapshot(job: Job) -> dict[str, Any]:
     }
 
 
+def effective_policy(policy: Policy, overrides: Iterable[ModeOverride]) -> Policy:
+    """``policy`` with the operators' mode overrides (``srecovery mode``) on top; pure.
+
+    A partition's override beats its ``[partitions.NAME]`` table; the default's override
+    replaces the top-level ``mode``, so partitions with their own table keep it, exactly as if
+    the top-level mode had been edited in the file. The file itself is never rewritten.
+    Returns ``policy`` itself when the overrides change nothing."""
+    default = policy.mode
+    partitions = dict(policy.partition_modes)
+    for override in overrides:
+        if override.partition is None:
+            default = Mode(override.mode)
+        else:
+            partitions[override.partition] = Mode(override.mode)
+    if default is policy.mode and partitions == dict(policy.partition_modes):
+        return policy
+    return dataclasses.replace(
+        policy, mode=default, partition_modes=MappingProxyType(dict(sorted(partitions.items())))
+    )
+
+
 class Reconciler:
     """One controller's loop. Owns its Store connection: call only from one thread."""
 
@@ -158,6 +181,8 @@ class Reconciler:
     ) -> None:
         self.store = store
         self.scheduler = scheduler
+        #: the policy file's; ``policy`` is it with the mode overrides on top (each pass)
+        self.base_policy = policy
         self.policy = policy
         self.catalogue = catalogue
         self.cluster = cluster
@@ -198,6 +223,7 @@ class Reconciler:
     def tick(self) -> bool:
         """One pass over Slurm and the open incidents. Returns True while steps are in flight
         (the caller then comes back sooner). Scheduler trouble is logged, never raised."""
+        self._apply_mode_overrides()
         try:
             for side_input in (self._import_watchdog_releases, self._import_hook_spool):
                 try:
@@ -221,6 +247,18 @@ class Reconciler:
         self.last_tick = self.clock()
         self.last_error = ""
         return busy
+
+    def _apply_mode_overrides(self) -> None:
+        """The operators' overrides as they are now in the store, from this pass on."""
+        policy = effective_policy(self.base_policy, self.store.mode_overrides())
+        modes = (policy.mode, dict(policy.partition_modes))
+        if modes != (self.policy.mode, dict(self.policy.partition_modes)):
+            log.info(
+                "modes from this pass: default %s%s",
+                policy.mode,
+                "".join(f", {name} {mode}" for name, mode in modes[1].items()),
+            )
+        self.policy = policy
 
     def _view(self) -> ClusterView:
         now = self.clock()

@@ -301,47 +301,6 @@ class Controller:
             authorize.authorize_operator(principal, self.operators)
         return fn(self.ingest.store(), principal, body)
 
-    async def get_incidents(self, request: web.Request) -> web.Response:
-        q = request.query
-        limit = _int(q.get("limit"), 100)
-        job = _int(q.get("job"), 0)
-
-        def read(store: Store) -> Any:
-            incidents = store.list_incidents(open_only=q.get("open") == "1", limit=10_000)
-            out = []
-            for incident in incidents:
-                summary = views.incident_summary(store, incident)
-                if job and summary["job_id"] != job:
-                    continue
-                out.append(summary)
-                if len(out) >= limit:
-                    break
-            return {"incidents": out}
-
-        return await self._read(request, read)
-
-    async def get_incident(self, request: web.Request) -> web.Response:
-        incident_id = _int(request.match_info["id"], 0)
-
-        def read(store: Store) -> Any:
-            incident = store.get_incident(incident_id) if incident_id else None
-            return views.incident_story(store, incident) if incident else None
-
-        return await self._read(request, read)
-
-    async def get_job(self, request: web.Request) -> web.Response:
-        job_id = _int(request.match_info["job_id"], 0)
-
-        def read(store: Store) -> Any:
-            stories = []
-            for incident in store.list_incidents(limit=10_000):
-                attempt = store.get_attempt(incident.attempt_id)
-                if attempt and attempt.attempt.job_id == job_id:
-                    stories.append(views.incident_story(store, incident))
-            return {"job_id": job_id, "incidents": stories[::-1]} if stories else None
-
-        return await self._read(request, read)
-
     async def get_audit(self, request: web.Request) -> web.Response:
         after = _int(request.query.get("after"), 0)
         limit = min(_int(request.query.get("limit"), 1000), 10_000)
@@ -354,17 +313,13 @@ class Controller:
             },
         )
 
-    async def get_nodes(self, request: web.Request) -> web.Response:
-        return await self._read(
-            request, lambda store: {"nodes": [views.node_json(n) for n in store.list_nodes()]}
-        )
-
     async def healthz(self, request: web.Request) -> web.Response:
         r = self.reconciler
         now = time.time()
         stale_after = max(10.0, 5 * self.config.controller.loop_interval)
         last = r.last_tick if r else None
         ok = last is not None and now - last < stale_after
+        policy = r.policy if r else self.policy
         body = {
             "status": "ok" if ok else "degraded",
             "version": __version__,
@@ -372,9 +327,9 @@ class Controller:
             "last_pass": views.iso(last),
             "last_error": r.last_error if r else "starting",
             "auth": "off (development only)" if self.insecure else "munge",
-            "modes": {
-                "default": str(self.policy.mode),
-                **{part: str(mode) for part, mode in self.policy.partition_modes.items()},
+            "modes": {  # the policy file's, with the operators' overrides (srecovery mode)
+                "default": str(policy.mode),
+                **{part: str(mode) for part, mode in policy.partition_modes.items()},
             },
         }
         return web.json_response(body, status=200 if ok else 503)
@@ -392,13 +347,10 @@ class Controller:
         app.add_routes(
             [
                 web.post("/v1/evidence", self.post_evidence),
-                web.get("/v1/incidents", self.get_incidents),
-                web.get("/v1/incidents/{id}", self.get_incident),
-                web.get("/v1/jobs/{job_id}", self.get_job),
                 web.get("/v1/audit", self.get_audit),
-                web.get("/v1/nodes", self.get_nodes),
                 web.get("/healthz", self.healthz),
                 web.get("/metrics", self.metrics_endpoint),
+                # /v1/incidents, /v1/incidents/ID, /v1/jobs/JOBID, /v1/nodes[/NAME]
                 *read_api.routes(self),
                 *operator_api.routes(self),
                 *audit_api.routes(self),

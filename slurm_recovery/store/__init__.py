@@ -25,12 +25,14 @@ from .errors import (
 from .records import (
     ACTION_RESULTS,
     MILESTONES,
+    OVERRIDE_MODES,
     Action,
     Advice,
     AttemptRecord,
     Evidence,
     EvidenceRecord,
     Incident,
+    ModeOverride,
     NodeState,
 )
 from .schema import LATEST_VERSION, MIGRATIONS, Migration, migrate
@@ -43,6 +45,7 @@ __all__ = [
     "LATEST_VERSION",
     "MIGRATIONS",
     "MILESTONES",
+    "OVERRIDE_MODES",
     "Action",
     "Advice",
     "AttemptRecord",
@@ -57,6 +60,7 @@ __all__ = [
     "Incident",
     "JobAttempt",
     "Migration",
+    "ModeOverride",
     "NodeState",
     "NotAStoreError",
     "SchemaVersionError",

@@ -163,14 +163,49 @@ class NodeState:
         )
 
 
+#: The modes an override may set (the policy's ``mode`` values).
+OVERRIDE_MODES = ("monitor", "act")
+
+
+@dataclass(frozen=True)
+class ModeOverride:
+    """An operator's mode for one partition (``partition``) or for the default (``None``),
+    set with ``srecovery mode``: it sits on top of the policy file until cleared."""
+
+    partition: str | None
+    mode: str
+    set_by: str
+    set_at: float
+    reason: str = ""
+    set_by_uid: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.partition is not None:
+            check_text(self.partition, "ModeOverride.partition")
+            if self.partition != self.partition.strip() or "," in self.partition:
+                raise ValueError(
+                    f"ModeOverride.partition must be one partition name, got {self.partition!r}"
+                )
+        if self.mode not in OVERRIDE_MODES:
+            raise ValueError(
+                f"ModeOverride.mode must be one of {', '.join(OVERRIDE_MODES)}, got {self.mode!r}"
+            )
+        check_text(self.set_by, "ModeOverride.set_by")
+        object.__setattr__(self, "set_at", check_time(self.set_at, "ModeOverride.set_at"))
+        check_text(self.reason, "ModeOverride.reason", allow_empty=True)
+        check_optional_int(self.set_by_uid, "ModeOverride.set_by_uid")
+
+
 __all__ = [
     "ACTION_RESULTS",
     "MILESTONES",
+    "OVERRIDE_MODES",
     "Action",
     "Advice",
     "AttemptRecord",
     "Evidence",
     "EvidenceRecord",
     "Incident",
+    "ModeOverride",
     "NodeState",
 ]

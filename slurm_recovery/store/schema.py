@@ -160,7 +160,32 @@ _V3 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
+_V4 = Migration(
+    4,
+    "operators' mode overrides (srecovery mode): per partition, or the default ('')",
+    (
+        # The policy file stays the admin's data: an override sits on top of it until cleared.
+        """CREATE TABLE mode_overrides (
+            partition  TEXT    PRIMARY KEY,
+            mode       TEXT    NOT NULL CHECK (mode IN ('monitor', 'act')),
+            set_by     TEXT    NOT NULL CHECK (set_by <> ''),
+            set_by_uid INTEGER CHECK (set_by_uid IS NULL OR set_by_uid >= 0),
+            set_at     REAL    NOT NULL,
+            reason     TEXT    NOT NULL DEFAULT ''
+        ) WITHOUT ROWID""",
+    ),
+)
+
+_V5 = Migration(
+    5,
+    "evidence by kind and node: a node's open GPU/IB findings (srecovery nodes)",
+    (
+        """CREATE INDEX evidence_by_kind_node ON evidence (kind, node, observed_at)
+           WHERE node IS NOT NULL""",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
 LATEST_VERSION = MIGRATIONS[-1].version
 
 

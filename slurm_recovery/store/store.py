@@ -42,6 +42,7 @@ from .records import (
     Evidence,
     EvidenceRecord,
     Incident,
+    ModeOverride,
     NodeState,
 )
 from .schema import LATEST_VERSION, check_compatible, migrate, schema_version
@@ -69,10 +70,25 @@ _NODE_COLS = (
     "last_implicated_at"
 )
 _AUDIT_COLS = "seq, ts, actor, kind, subject, payload, prev_hash, hash"
+_OVERRIDE_COLS = "partition, mode, set_by, set_by_uid, set_at, reason"
 
 
 def _now(value: float | None, field: str) -> float:
     return check_time(time.time() if value is None else value, field)
+
+
+#: The order a recovery passes its milestones in (ties in time are broken by it).
+MILESTONE_ORDER = (
+    "failure",
+    "detected",
+    "attributed",
+    "advised",
+    "held",
+    "excluded",
+    "released",
+    "running_again",
+    "stopped",
+)
 
 
 class Store:
@@ -566,6 +582,244 @@ class Store:
             ).fetchall()
         return [_incident(row) for row in rows]
 
+    # ------------------------ read-only queries: srecovery incidents, explain, nodes
+
+    #: The latest advice of incident ``i`` (joined as ``ad``): the one in force.
+    _LATEST_ADVICE = (
+        "LEFT JOIN advice ad ON ad.incident_id = i.id AND ad.generation = "
+        "(SELECT MAX(generation) FROM advice WHERE incident_id = i.id)"
+    )
+
+    def find_incidents(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        job_id: int | None = None,
+        node: str | None = None,
+        fault_class: str | None = None,
+        state: str | None = None,
+        kinds: Iterable[str] = (),
+        limit: int = 100,
+        oldest_first: bool = False,
+    ) -> list[Incident]:
+        """Incidents matching every filter given, newest first (``oldest_first``: oldest
+        first), filtered in SQL so that only the ones returned are ever read in full.
+
+        ``since``/``until`` bound the opening time; ``node``: the latest advice implicated it
+        (its verdict's nodes) or the job ran on it (the job snapshot kept with the advice);
+        ``fault_class``: the latest advice's verdict class (``unknown`` without advice);
+        ``state``: ``open`` or ``closed``; ``kinds``: any of these incident kinds."""
+        clauses: list[str] = []
+        args: list[Any] = []
+        if since is not None:
+            clauses.append("i.opened_at >= ?")
+            args.append(check_time(since, "since"))
+        if until is not None:
+            clauses.append("i.opened_at <= ?")
+            args.append(check_time(until, "until"))
+        if job_id is not None:
+            clauses.append("a.job_id = ?")
+            args.append(check_id(job_id, "job_id"))
+        if state is not None:
+            if state not in ("open", "closed"):
+                raise ValueError(f"state must be open or closed, got {state!r}")
+            clauses.append(f"i.closed_at IS {'' if state == 'open' else 'NOT '}NULL")
+        wanted = sorted({check_name(k, "kinds[]") for k in kinds})
+        if wanted:
+            clauses.append(f"i.kind IN ({','.join('?' * len(wanted))})")
+            args.extend(wanted)
+        if fault_class is not None:
+            clauses.append(
+                "COALESCE(json_extract(ad.verdict, '$.verdict.fault_class'), 'unknown') = ?"
+            )
+            args.append(check_text(fault_class, "fault_class"))
+        if node is not None:
+            clauses.append(
+                "(EXISTS (SELECT 1 FROM json_each(ad.verdict, '$.verdict.nodes') WHERE value = ?)"
+                " OR EXISTS (SELECT 1 FROM json_each(ad.verdict, '$.job.nodes') WHERE value = ?))"
+            )
+            args.extend([check_text(node, "node")] * 2)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        check_int(limit, "limit", minimum=1)
+        cols = ", ".join(f"i.{c.strip()}" for c in _INCIDENT_COLS.split(","))
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {cols} FROM incidents i JOIN job_attempts a ON a.id = i.attempt_id "
+                f"{self._LATEST_ADVICE} {where} "
+                f"ORDER BY i.id {'ASC' if oldest_first else 'DESC'} LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [_incident(row) for row in rows]
+
+    def implicated_since(self, since: float) -> list[tuple[str, int, float, float]]:
+        """(node, incident id, opened at, confidence) for every node the latest advice of an
+        incident opened since ``since`` implicated (the lemon score's main input)."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                "SELECT n.value, i.id, i.opened_at, "
+                "COALESCE(json_extract(ad.verdict, '$.verdict.confidence'), 0) "
+                f"FROM incidents i {self._LATEST_ADVICE}, "
+                "json_each(ad.verdict, '$.verdict.nodes') n "
+                "WHERE i.opened_at >= ? ORDER BY i.id",
+                (check_time(since, "since"),),
+            ).fetchall()
+        return [(str(n), int(i), float(at), float(c)) for n, i, at, c in rows]
+
+    def node_drains(
+        self, *, node: str | None = None, since: float | None = None, limit: int = 10_000
+    ) -> list[tuple[Action, int | None, str]]:
+        """The tool's ``drain`` steps that succeeded (on ``node``, finished since ``since``),
+        each with the incident whose advice asked for it and the reason it gave Slurm
+        (``srecovery:<incident>:<cause>``, as the loop writes it), oldest first."""
+        clauses, args = ["ac.step = 'drain'", "ac.result = 'ok'"], []
+        if node is not None:
+            clauses.append("ac.target = ?")
+            args.append(check_text(node, "node"))
+        if since is not None:
+            clauses.append("ac.finished_at >= ?")
+            args.append(check_time(since, "since"))
+        check_int(limit, "limit", minimum=1)
+        cols = ", ".join(f"ac.{c.strip()}" for c in _ACTION_COLS.split(","))
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {cols}, ad.incident_id, COALESCE(NULLIF(json_extract(ad.verdict, "
+                "'$.verdict.cause'), ''), json_extract(ad.verdict, '$.verdict.fault_class'), "
+                "'unknown') FROM actions ac "
+                "LEFT JOIN advice ad ON ad.id = ac.advice_id "
+                f"WHERE {' AND '.join(clauses)} ORDER BY ac.id LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [
+            (
+                Action(*row[:7], _loads(row[7]), row[8]),
+                row[9],
+                f"srecovery:{row[9]}:{row[10]}" if row[9] is not None else "",
+            )
+            for row in rows
+        ]
+
+    def evidence_by_kinds(
+        self,
+        kinds: Iterable[str],
+        *,
+        node: str | None = None,
+        any_node: bool = False,
+        job_id: int | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 10_000,
+        newest_first: bool = False,
+    ) -> list[EvidenceRecord]:
+        """Evidence of these kinds about ``node`` (or, ``any_node``, about some node) and/or
+        ``job_id``, observed in ``[since, until]``, oldest first (``newest_first``: the latest
+        ``limit``, newest first)."""
+        wanted = sorted({check_text(k, "kinds[]") for k in kinds})
+        if not wanted:
+            return []
+        clauses = [f"kind IN ({','.join('?' * len(wanted))})"]
+        args: list[Any] = list(wanted)
+        if node is not None:
+            clauses.append("node = ?")
+            args.append(check_text(node, "node"))
+        elif any_node:
+            clauses.append("node IS NOT NULL")
+        if job_id is not None:
+            clauses.append("job_id = ?")
+            args.append(check_id(job_id, "job_id"))
+        if since is not None:
+            clauses.append("observed_at >= ?")
+            args.append(check_time(since, "since"))
+        if until is not None:
+            clauses.append("observed_at <= ?")
+            args.append(check_time(until, "until"))
+        check_int(limit, "limit", minimum=1)
+        order = " DESC" if newest_first else ""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {_EVIDENCE_COLS} FROM evidence WHERE {' AND '.join(clauses)} "
+                f"ORDER BY observed_at{order}, id{order} LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [_evidence(row) for row in rows]
+
+    def latest_findings(self, *, node: str | None = None) -> list[EvidenceRecord]:
+        """The latest ``gpu_finding``/``ib_finding`` per node, kind, check, GPU and port (of
+        ``node``, or of every node), oldest first: what each condition last reported (a GPU
+        reset is its own check, ``gpu_reset``). Findings are sent when a condition changes, not
+        again while it lasts, so this looks at the whole history."""
+        clauses = ["kind IN ('gpu_finding', 'ib_finding')"]
+        args: list[Any] = []
+        if node is None:
+            clauses.append("node IS NOT NULL")
+        else:
+            clauses.append("node = ?")
+            args.append(check_text(node, "node"))
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {_EVIDENCE_COLS} FROM (SELECT {_EVIDENCE_COLS}, ROW_NUMBER() OVER ("
+                "PARTITION BY node, kind, json_extract(payload, '$.check'), gpu, "
+                "json_extract(payload, '$.port') ORDER BY observed_at DESC, id DESC) AS rn "
+                f"FROM evidence WHERE {' AND '.join(clauses)}) WHERE rn = 1 "
+                "ORDER BY observed_at, id",
+                args,
+            ).fetchall()
+        return [_evidence(row) for row in rows]
+
+    def audit_about(
+        self,
+        *,
+        incidents: Iterable[int] = (),
+        evidence: Iterable[int] = (),
+        since: float | None = None,
+        limit: int = 10_000,
+    ) -> list[AuditRow]:
+        """Audit rows whose payload names one of these incidents (``incident``) or pieces of
+        evidence (``evidence``: an operator's report), in seq order. ``since``: rows are looked
+        for from about that time on (found by seq, which the audit log orders by time)."""
+        incident_ids = sorted({check_id(i, "incidents[]") for i in incidents})
+        evidence_ids = sorted({check_id(i, "evidence[]") for i in evidence})
+        if not incident_ids and not evidence_ids:
+            return []
+        who, args = [], []
+        if incident_ids:
+            who.append(
+                f"json_extract(payload, '$.incident') IN ({','.join('?' * len(incident_ids))})"
+            )
+            args.extend(incident_ids)
+        if evidence_ids:
+            who.append(
+                f"json_extract(payload, '$.evidence') IN ({','.join('?' * len(evidence_ids))})"
+            )
+            args.extend(evidence_ids)
+        check_int(limit, "limit", minimum=1)
+        with self._tx(write=False) as conn:
+            first = self._first_seq_at(conn, since) if since is not None else 1
+            rows = conn.execute(
+                f"SELECT {_AUDIT_COLS} FROM audit_log WHERE seq >= ? AND ({' OR '.join(who)}) "
+                "ORDER BY seq LIMIT ?",
+                (first, *args, limit),
+            ).fetchall()
+        return [AuditRow(*row) for row in rows]
+
+    @staticmethod
+    def _first_seq_at(conn: sqlite3.Connection, ts: float) -> int:
+        """About the first audit seq with a time at or after ``ts``: a binary search over seq
+        (the primary key), as rows are appended in time order. Rows imported late (the
+        watchdog's releases) may carry an older time; callers pass a time with slack."""
+        last = conn.execute("SELECT MAX(seq) FROM audit_log").fetchone()[0]
+        if last is None:
+            return 1
+        lo, hi = 1, last + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            row = conn.execute("SELECT ts FROM audit_log WHERE seq = ?", (mid,)).fetchone()
+            if row is not None and row[0] < ts:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     # -------------------------------------------------------------------- advice
 
     def add_advice(
@@ -668,12 +922,14 @@ class Store:
             ).fetchone()[0]
 
     def milestones(self, incident_id: int) -> dict[str, float]:
-        """Milestone name -> time, in time order."""
+        """Milestone name -> time, in time order; milestones recorded at the same instant in
+        the order the recovery passes them (:data:`MILESTONE_ORDER`), then by name."""
         with self._tx(write=False) as conn:
             rows = conn.execute(
-                "SELECT name, at FROM milestones WHERE incident_id = ? ORDER BY at, name",
-                (incident_id,),
+                "SELECT name, at FROM milestones WHERE incident_id = ?", (incident_id,)
             ).fetchall()
+        rank = {name: i for i, name in enumerate(MILESTONE_ORDER)}
+        rows.sort(key=lambda row: (row[1], rank.get(row[0], len(rank)), row[0]))
         return dict(rows)
 
     # ------------------------------------------------------------------- actions
@@ -785,6 +1041,59 @@ class Store:
             ).fetchall()
         return [_node(row) for row in rows]
 
+    # ------------------------------------------------------------ mode overrides
+
+    def set_mode_override(self, override: ModeOverride) -> ModeOverride | None:
+        """Store an operator's mode for a partition (or the default, partition ``None``),
+        replacing the one there; returns the override it replaced, if any."""
+        if not isinstance(override, ModeOverride):
+            raise TypeError(f"override must be a ModeOverride, got {type(override).__name__}")
+        with self._tx(write=True) as conn:
+            previous = self._override_row(conn, override.partition)
+            conn.execute(
+                f"INSERT OR REPLACE INTO mode_overrides ({_OVERRIDE_COLS}) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    override.partition or "",
+                    override.mode,
+                    override.set_by,
+                    override.set_by_uid,
+                    override.set_at,
+                    override.reason,
+                ),
+            )
+        return previous
+
+    def clear_mode_override(self, partition: str | None) -> ModeOverride | None:
+        """Remove the override of ``partition`` (``None``: the default); returns it, or None
+        when there was none."""
+        with self._tx(write=True) as conn:
+            previous = self._override_row(conn, partition)
+            conn.execute("DELETE FROM mode_overrides WHERE partition = ?", (partition or "",))
+        return previous
+
+    def get_mode_override(self, partition: str | None) -> ModeOverride | None:
+        with self._tx(write=False) as conn:
+            return self._override_row(conn, partition)
+
+    def mode_overrides(self) -> list[ModeOverride]:
+        """Every override in force: the default's first, then the partitions' by name."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {_OVERRIDE_COLS} FROM mode_overrides ORDER BY partition"
+            ).fetchall()
+        return [_override(row) for row in rows]
+
+    @staticmethod
+    def _override_row(conn: sqlite3.Connection, partition: str | None) -> ModeOverride | None:
+        if partition is not None:
+            check_text(partition, "partition")
+        row = conn.execute(
+            f"SELECT {_OVERRIDE_COLS} FROM mode_overrides WHERE partition = ?",
+            (partition or "",),
+        ).fetchone()
+        return _override(row) if row else None
+
     # --------------------------------------------------------------------- audit
 
     def append_audit(
@@ -849,6 +1158,173 @@ class Store:
             cursor = conn.execute(f"SELECT {_AUDIT_COLS} FROM audit_log ORDER BY seq")
             return verify_chain((AuditRow(*row) for row in cursor), anchor)
 
+    # ------------------------------------- read-only queries: audit pages, compare, replay
+
+    def audit_page(
+        self, *, after_seq: int = 0, limit: int = 1000, since: float | None = None
+    ) -> list[AuditRow]:
+        """Up to ``limit`` audit rows with seq > ``after_seq`` (and ``ts >= since``), in seq
+        order: one page of ``srecovery audit export``. Rows are returned exactly as stored, so
+        a reader can recompute their hashes."""
+        check_int(after_seq, "after_seq")
+        check_int(limit, "limit", minimum=1)
+        where, args = "seq > ?", [after_seq]
+        if since is not None:
+            where += " AND ts >= ?"
+            args.append(check_time(since, "since"))
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {_AUDIT_COLS} FROM audit_log WHERE {where} ORDER BY seq LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [AuditRow(*row) for row in rows]
+
+    def audit_last(self, count: int) -> list[AuditRow]:
+        """The last ``count`` audit rows, oldest first (``srecovery audit tail``)."""
+        check_int(count, "count", minimum=1)
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {_AUDIT_COLS} FROM audit_log ORDER BY seq DESC LIMIT ?", (count,)
+            ).fetchall()
+        return [AuditRow(*row) for row in reversed(rows)]
+
+    def incidents_opened(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        before_id: int | None = None,
+        limit: int = 1000,
+    ) -> list[Incident]:
+        """Incidents opened in ``[since, until]`` with id < ``before_id``, newest first."""
+        clauses: list[str] = []
+        args: list[Any] = []
+        if since is not None:
+            clauses.append("opened_at >= ?")
+            args.append(check_time(since, "since"))
+        if until is not None:
+            clauses.append("opened_at <= ?")
+            args.append(check_time(until, "until"))
+        if before_id is not None:
+            clauses.append("id < ?")
+            args.append(check_int(before_id, "before_id"))
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        check_int(limit, "limit", minimum=1)
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {_INCIDENT_COLS} FROM incidents {where} ORDER BY id DESC LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [_incident(row) for row in rows]
+
+    def restarts_before(self, history_id: int, at: float) -> int:
+        """Restarts the tool had made for a job history by ``at``: its incidents closed
+        ``restarted ...`` by then (what the controller counted when it advised at ``at``)."""
+        check_id(history_id, "history_id")
+        with self._tx(write=False) as conn:
+            return conn.execute(
+                "SELECT COUNT(*) FROM incidents i JOIN job_attempts a ON a.id = i.attempt_id "
+                "WHERE a.history_id = ? AND i.outcome LIKE 'restarted%' AND i.closed_at <= ?",
+                (history_id, check_time(at, "at")),
+            ).fetchone()[0]
+
+    def evidence_of_kind(
+        self,
+        kind: str,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 10_000,
+    ) -> list[EvidenceRecord]:
+        """Evidence of one kind observed in ``[since, until]``, oldest first."""
+        clauses, args = ["kind = ?"], [check_text(kind, "kind")]
+        if since is not None:
+            clauses.append("observed_at >= ?")
+            args.append(check_time(since, "since"))
+        if until is not None:
+            clauses.append("observed_at <= ?")
+            args.append(check_time(until, "until"))
+        check_int(limit, "limit", minimum=1)
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {_EVIDENCE_COLS} FROM evidence WHERE {' AND '.join(clauses)} "
+                "ORDER BY observed_at, id LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [_evidence(row) for row in rows]
+
+    def evidence_about_job(
+        self,
+        job_id: int,
+        nodes: Iterable[str],
+        *,
+        since: float,
+        until: float,
+        received_by: float,
+        skip_kinds: Iterable[str] = (),
+        limit: int = 5000,
+    ) -> list[EvidenceRecord]:
+        """Evidence naming ``job_id`` or about one of ``nodes``, observed in ``[since, until]``
+        and received by ``received_by`` (what the controller could have seen then), except
+        ``skip_kinds``; oldest first. What ``srecovery replay`` decides again on."""
+        check_id(job_id, "job_id")
+        names = sorted({check_text(n, "nodes[]") for n in nodes})
+        skip = sorted(set(skip_kinds))
+        args: list[Any] = [check_time(since, "since"), check_time(until, "until")]
+        args.append(check_time(received_by, "received_by"))
+        who = "job_id = ?"
+        args.append(job_id)
+        if names:
+            who += f" OR node IN ({','.join('?' * len(names))})"
+            args.extend(names)
+        where = f"observed_at >= ? AND observed_at <= ? AND received_at <= ? AND ({who})"
+        if skip:
+            where += f" AND kind NOT IN ({','.join('?' * len(skip))})"
+            args.extend(skip)
+        check_int(limit, "limit", minimum=1)
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {_EVIDENCE_COLS} FROM evidence WHERE {where} "
+                "ORDER BY observed_at, id LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [_evidence(row) for row in rows]
+
+    def actions_between(
+        self,
+        *,
+        steps: Iterable[str] = (),
+        since: float | None = None,
+        until: float | None = None,
+        result: str | None = "ok",
+        limit: int = 10_000,
+    ) -> list[Action]:
+        """Scheduler steps (``steps``; all when empty) finished in ``[since, until]`` with
+        ``result``, in the order taken."""
+        clauses: list[str] = []
+        args: list[Any] = []
+        wanted = sorted(set(steps))
+        if wanted:
+            clauses.append(f"step IN ({','.join('?' * len(wanted))})")
+            args.extend(wanted)
+        if since is not None:
+            clauses.append("finished_at >= ?")
+            args.append(check_time(since, "since"))
+        if until is not None:
+            clauses.append("finished_at <= ?")
+            args.append(check_time(until, "until"))
+        if result is not None:
+            clauses.append("result = ?")
+            args.append(result)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        check_int(limit, "limit", minimum=1)
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {_ACTION_COLS} FROM actions {where} ORDER BY id LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [Action(*row[:7], _loads(row[7]), row[8]) for row in rows]
+
 
 # ----------------------------------------------------------------- row -> record
 
@@ -877,6 +1353,11 @@ def _incident(row: Sequence[Any]) -> Incident:
 def _node(row: Sequence[Any]) -> NodeState:
     name, updated_at, drained, reason, drained_at, count, last = row
     return NodeState(name, updated_at, bool(drained), reason, drained_at, count, last)
+
+
+def _override(row: Sequence[Any]) -> ModeOverride:
+    partition, mode, set_by, set_by_uid, set_at, reason = row
+    return ModeOverride(partition or None, mode, set_by, set_at, reason, set_by_uid)
 
 
 __all__ = ["DEFAULT_PATH", "Store"]
