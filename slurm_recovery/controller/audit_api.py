@@ -24,11 +24,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from slurm_recovery.controller import views
 from slurm_recovery.controller.observe import KIND as SLURM_CHANGE
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.store import Advice, AuditRow, EvidenceRecord, Incident, Store
@@ -53,10 +53,8 @@ TOOL_STEPS = ("drain", "requeue_hold", "cancel", "exclude", "release")
 
 
 def iso(ts: float | None) -> str | None:
-    """Epoch seconds -> ISO 8601 with microseconds (None stays None)."""
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds")
+    """Epoch seconds -> ISO 8601 with microseconds: times replay reads back exactly."""
+    return views.iso(ts, "microseconds")
 
 
 def audit_row_json(row: AuditRow) -> dict[str, Any]:

@@ -245,9 +245,11 @@ class Controller:
             ids = store.add_evidence(evidence)
             if principal.role == "operator":
                 for evidence_id, e in zip(ids, evidence, strict=True):
+                    # the head node's EpilogSlurmctld posts job ends with the operator role
+                    reported = e.kind in ("operator_report", "xid")
                     store.append_audit(
                         f"uid:{principal.uid}",
-                        "operator_report",
+                        "operator_report" if reported else "job_event",
                         f"node {e.node}" if e.node else f"job {e.job_id}",
                         {"evidence": evidence_id, "kind": e.kind, **dict(e.payload)},
                     )

@@ -19,11 +19,12 @@ from slurm_recovery.store import Advice, AuditRow, EvidenceRecord, Incident, Nod
 # --------------------------------------------------------------------------- plain values
 
 
-def iso(ts: float | None) -> str | None:
-    """Epoch seconds -> ``2026-11-29T13:47:56.123+00:00`` (None stays None)."""
+def iso(ts: float | None, timespec: str = "milliseconds") -> str | None:
+    """Epoch seconds -> ``2026-11-29T13:47:56.123+00:00`` (None stays None); ``timespec``
+    ``"microseconds"`` where the time must survive the round trip exactly (replay)."""
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec=timespec)
 
 
 def epoch(text: str | None) -> float | None:
@@ -69,13 +70,17 @@ def evidence_json(record: EvidenceRecord) -> dict[str, Any]:
 
 
 def audit_json(row: AuditRow) -> dict[str, Any]:
+    try:
+        payload: dict[str, Any] = dict(row.payload)
+    except (ValueError, TypeError):  # a row edited by hand: shown, not a server error
+        payload = {"unparsable": row.payload_json}
     return {
         "seq": row.seq,
         "ts": iso(row.ts),
         "actor": row.actor,
         "kind": row.kind,
         "subject": row.subject,
-        "payload": dict(row.payload),
+        "payload": payload,
         "hash": row.hash,
     }
 

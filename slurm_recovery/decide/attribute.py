@@ -137,9 +137,12 @@ def attribute(
     job_nodes = frozenset(job.nodes)
     findings: list[_Finding] = []
     job_end_ids: list[int] = []
+    resumed = resumed_at(evidence, incident.failed_at)
     for ev in sorted(evidence, key=lambda e: (e.observed_at, e.id)):
         if not low <= ev.observed_at <= high:
             continue
+        if ev.node is not None and ev.observed_at < resumed.get(ev.node, -1.0):
+            continue  # about the node before someone repaired and resumed it
         on_node = ev.node is not None and ev.node in job_nodes
         mine = ev.job_id == job.job_id and in_attempt(ev, job)
         if ev.kind == "job_end" and mine:
@@ -330,6 +333,22 @@ def _unknown(
         evidence_ids=tuple(sorted(ids)),
         cause=cause,
     )
+
+
+def resumed_at(evidence: Sequence[Evidence], before: float) -> dict[str, float]:
+    """node -> when Slurm last showed it resumed from a drain, up to ``before`` (the
+    controller's ``slurm_change`` evidence). What was said about a node before it was repaired
+    and put back into service does not explain a later failure."""
+    found: dict[str, float] = {}
+    for ev in evidence:
+        if (
+            ev.kind == "slurm_change"
+            and ev.node is not None
+            and ev.payload.get("change") == "resumed"
+            and ev.observed_at <= before
+        ):
+            found[ev.node] = max(found.get(ev.node, ev.observed_at), ev.observed_at)
+    return found
 
 
 def _straggler(incident: Incident, evidence: Sequence[Evidence]) -> Verdict:

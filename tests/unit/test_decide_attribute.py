@@ -330,3 +330,15 @@ def test_the_job_end_record_supports_only_verdicts_drawn_from_the_job_state():
     end = Evidence(2, "hook", "job_end", FAILED_AT, job_id=42, payload={"state": "FAILED"})
     assert verdict([end, log(1)]).evidence_ids == (1,)
     assert verdict([end], the_job=job(state="OUT_OF_MEMORY")).evidence_ids == (2,)
+
+
+def test_evidence_from_before_an_admin_resumed_the_node_does_not_count():
+    resumed = Evidence(
+        9, "scheduler", "slurm_change", FAILED_AT - 60, node="n1",
+        payload={"change": "resumed", "node": "n1", "was_tool_drain": True},
+    )  # fmt: skip
+    old_report = xid(5, 79, node="n1", at=FAILED_AT - 120)
+    v = verdict([old_report, resumed])
+    assert v.nodes == frozenset() and v.fault_class is FaultClass.UNKNOWN
+    after = xid(6, 79, node="n1", at=FAILED_AT - 30)  # it broke again after the repair
+    assert verdict([old_report, resumed, after]).nodes == {"n1"}
