@@ -275,8 +275,10 @@ def _log_findings(
     if not verdict.blame_nodes:
         return [_Finding(fault_class, False, UNNAMED_NODE_LOG, text, root)]
     confidence = HARDWARE_LOG if fault_class is FaultClass.HARDWARE else SYSTEM_LOG
-    return [
-        _Finding(fault_class, False, confidence, text, root, node) for node in verdict.blame_nodes
+    return [  # each blamed node backed by a line about it (naming its host, or its rank)
+        _Finding(fault_class, False, confidence, text, lines[0], node)
+        for node, lines in judged.blamed.items()
+        if lines
     ]
 
 

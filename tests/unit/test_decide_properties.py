@@ -38,7 +38,8 @@ from slurm_recovery.scheduler.base import ExitCode, Job, Node
 from slurm_recovery.signals.logs import default_catalogue
 
 CATALOGUE = load_xid_catalogue()
-SIGNATURE_IDS = [signature.id for signature in default_catalogue().signatures]
+SIGNATURES = default_catalogue()
+SIGNATURE_IDS = [signature.id for signature in SIGNATURES.signatures]
 NOW = 1_000_000.0
 PARTITIONS = ("gpu", "cpu", "big")
 JOB_STATES = (
@@ -341,7 +342,11 @@ def test_application_evidence_alone_never_implicates_a_node(scenario):
     only_app = [
         e
         for e in evidence
-        if (e.kind == "log_signature" and e.payload.get("fault_class") == "application")
+        if (  # the controller judges a line by the catalogue, not by what the payload claims
+            e.kind == "log_signature"
+            and (signature := SIGNATURES.get(e.payload.get("signature", ""))) is not None
+            and signature.fault_class == "application"
+        )
         or (
             e.kind == "xid"
             and CATALOGUE.lookup(e.payload["xid"]).fault_class is FaultClass.APPLICATION
