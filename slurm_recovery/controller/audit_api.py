@@ -77,37 +77,11 @@ def audit_row_json(row: AuditRow) -> dict[str, Any]:
 
 
 def evidence_json(record: EvidenceRecord) -> dict[str, Any]:
-    e = record.evidence
-    return {
-        "id": record.id,
-        "source": e.source,
-        "kind": e.kind,
-        "node": e.node,
-        "gpu": e.gpu,
-        "job_id": e.job_id,
-        "observed_at": iso(e.observed_at),
-        "received_at": iso(record.received_at),
-        "payload": dict(e.payload),
-    }
+    return views.evidence_json(record, "microseconds")
 
 
 def advice_json(advice: Advice) -> dict[str, Any]:
-    details = advice.verdict
-    return {
-        "id": advice.id,
-        "generation": advice.generation,
-        "created_at": iso(advice.created_at),
-        "action": advice.decision,
-        "mode": details.get("mode"),
-        "reason": advice.reason,
-        "rule": details.get("rule"),
-        "exclude": details.get("exclude", []),
-        "drain": details.get("drain", []),
-        "needs_operator": details.get("needs_operator", False),
-        "verdict": details.get("verdict", {}),
-        "job": details.get("job"),
-        "evidence_ids": list(advice.evidence_ids),
-    }
+    return views.advice_json(advice, "microseconds")
 
 
 def incident_inputs(store: Store, incident: Incident, with_evidence: bool) -> dict[str, Any]:

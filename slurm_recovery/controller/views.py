@@ -15,6 +15,7 @@ from typing import Any
 from slurm_recovery import hostlist
 from slurm_recovery.controller.loop import milestone_latencies
 from slurm_recovery.store import Advice, AuditRow, EvidenceRecord, Incident, NodeState, Store
+from slurm_recovery.store.store import MILESTONE_ORDER
 
 # --------------------------------------------------------------------------- plain values
 
@@ -34,12 +35,12 @@ def epoch(text: str | None) -> float | None:
     return datetime.fromisoformat(text).timestamp()
 
 
-def advice_json(advice: Advice) -> dict[str, Any]:
+def advice_json(advice: Advice, timespec: str = "milliseconds") -> dict[str, Any]:
     details = advice.verdict
     return {
         "id": advice.id,
         "generation": advice.generation,
-        "created_at": iso(advice.created_at),
+        "created_at": iso(advice.created_at, timespec),
         "action": advice.decision,
         "mode": details.get("mode"),
         "reason": advice.reason,
@@ -48,11 +49,12 @@ def advice_json(advice: Advice) -> dict[str, Any]:
         "drain": details.get("drain", []),
         "needs_operator": details.get("needs_operator", False),
         "verdict": details.get("verdict", {}),
+        "job": details.get("job"),  # Slurm's view of the job when advised (replay)
         "evidence_ids": list(advice.evidence_ids),
     }
 
 
-def evidence_json(record: EvidenceRecord) -> dict[str, Any]:
+def evidence_json(record: EvidenceRecord, timespec: str = "milliseconds") -> dict[str, Any]:
     e = record.evidence
     out = {
         "id": record.id,
@@ -61,8 +63,8 @@ def evidence_json(record: EvidenceRecord) -> dict[str, Any]:
         "node": e.node,
         "gpu": e.gpu,
         "job_id": e.job_id,
-        "observed_at": iso(e.observed_at),
-        "received_at": iso(record.received_at),
+        "observed_at": iso(e.observed_at, timespec),
+        "received_at": iso(record.received_at, timespec),
         "payload": dict(e.payload),
     }
     out["description"] = describe_evidence(out)
@@ -359,19 +361,6 @@ def decisive_evidence(story: Mapping[str, Any]) -> list[dict[str, Any]]:
     chosen = sorted(chosen, key=lambda e: (epoch(e["observed_at"]) or 0.0, e["id"]))
     return [{**e, "basis": basis} for e in chosen]
 
-
-#: Milestones in the order they normally happen (ties on the timeline keep this order).
-MILESTONE_ORDER = (
-    "failure",
-    "detected",
-    "attributed",
-    "advised",
-    "held",
-    "excluded",
-    "released",
-    "running_again",
-    "stopped",
-)
 
 _FAILURE_WORDS = {
     "crash": "the job ended in failure",

@@ -455,12 +455,7 @@ class Store:
             if value is not None:
                 clauses.append(f"{column} = ?")
                 args.append(value)
-        if since is not None:
-            clauses.append("observed_at >= ?")
-            args.append(check_time(since, "since"))
-        if until is not None:
-            clauses.append("observed_at <= ?")
-            args.append(check_time(until, "until"))
+        _time_range("observed_at", since, until, clauses, args)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         check_int(limit, "limit", minimum=1)
         with self._tx(write=False) as conn:
@@ -612,12 +607,7 @@ class Store:
         ``state``: ``open`` or ``closed``; ``kinds``: any of these incident kinds."""
         clauses: list[str] = []
         args: list[Any] = []
-        if since is not None:
-            clauses.append("i.opened_at >= ?")
-            args.append(check_time(since, "since"))
-        if until is not None:
-            clauses.append("i.opened_at <= ?")
-            args.append(check_time(until, "until"))
+        _time_range("i.opened_at", since, until, clauses, args)
         if job_id is not None:
             clauses.append("a.job_id = ?")
             args.append(check_id(job_id, "job_id"))
@@ -727,12 +717,7 @@ class Store:
         if job_id is not None:
             clauses.append("job_id = ?")
             args.append(check_id(job_id, "job_id"))
-        if since is not None:
-            clauses.append("observed_at >= ?")
-            args.append(check_time(since, "since"))
-        if until is not None:
-            clauses.append("observed_at <= ?")
-            args.append(check_time(until, "until"))
+        _time_range("observed_at", since, until, clauses, args)
         check_int(limit, "limit", minimum=1)
         order = " DESC" if newest_first else ""
         with self._tx(write=False) as conn:
@@ -1199,12 +1184,7 @@ class Store:
         """Incidents opened in ``[since, until]`` with id < ``before_id``, newest first."""
         clauses: list[str] = []
         args: list[Any] = []
-        if since is not None:
-            clauses.append("opened_at >= ?")
-            args.append(check_time(since, "since"))
-        if until is not None:
-            clauses.append("opened_at <= ?")
-            args.append(check_time(until, "until"))
+        _time_range("opened_at", since, until, clauses, args)
         if before_id is not None:
             clauses.append("id < ?")
             args.append(check_int(before_id, "before_id"))
@@ -1238,12 +1218,7 @@ class Store:
     ) -> list[EvidenceRecord]:
         """Evidence of one kind observed in ``[since, until]``, oldest first."""
         clauses, args = ["kind = ?"], [check_text(kind, "kind")]
-        if since is not None:
-            clauses.append("observed_at >= ?")
-            args.append(check_time(since, "since"))
-        if until is not None:
-            clauses.append("observed_at <= ?")
-            args.append(check_time(until, "until"))
+        _time_range("observed_at", since, until, clauses, args)
         check_int(limit, "limit", minimum=1)
         with self._tx(write=False) as conn:
             rows = conn.execute(
@@ -1307,12 +1282,7 @@ class Store:
         if wanted:
             clauses.append(f"step IN ({','.join('?' * len(wanted))})")
             args.extend(wanted)
-        if since is not None:
-            clauses.append("finished_at >= ?")
-            args.append(check_time(since, "since"))
-        if until is not None:
-            clauses.append("finished_at <= ?")
-            args.append(check_time(until, "until"))
+        _time_range("finished_at", since, until, clauses, args)
         if result is not None:
             clauses.append("result = ?")
             args.append(result)
@@ -1327,6 +1297,18 @@ class Store:
 
 
 # ----------------------------------------------------------------- row -> record
+
+
+def _time_range(
+    column: str, since: float | None, until: float | None, clauses: list[str], args: list[Any]
+) -> None:
+    """Add ``column`` between ``since`` and ``until`` (either may be None) to a WHERE."""
+    if since is not None:
+        clauses.append(f"{column} >= ?")
+        args.append(check_time(since, "since"))
+    if until is not None:
+        clauses.append(f"{column} <= ?")
+        args.append(check_time(until, "until"))
 
 
 def _loads(text: str) -> dict[str, Any]:
