@@ -981,6 +981,9 @@ class Store:
         if incident_id is not None:
             clauses.append("advice_id IN (SELECT id FROM advice WHERE incident_id = ?)")
             args.append(incident_id)
+        return self._select_actions(clauses, args, limit)
+
+    def _select_actions(self, clauses: list[str], args: list[Any], limit: int) -> list[Action]:
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         check_int(limit, "limit", minimum=1)
         with self._tx(write=False) as conn:
@@ -1286,14 +1289,7 @@ class Store:
         if result is not None:
             clauses.append("result = ?")
             args.append(result)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        check_int(limit, "limit", minimum=1)
-        with self._tx(write=False) as conn:
-            rows = conn.execute(
-                f"SELECT {_ACTION_COLS} FROM actions {where} ORDER BY id LIMIT ?",
-                (*args, limit),
-            ).fetchall()
-        return [Action(*row[:7], _loads(row[7]), row[8]) for row in rows]
+        return self._select_actions(clauses, args, limit)
 
 
 # ----------------------------------------------------------------- row -> record
