@@ -28,6 +28,12 @@ from slurm_recovery.decide.attribute import attribute
 from slurm_recovery.decide.catalogue import XidCatalogue
 from slurm_recovery.decide.detect import detect
 from slurm_recovery.decide.hang import hang_incidents
+from slurm_recovery.decide.jobsettings import (
+    DEFAULT_SETTINGS,
+    JobSettings,
+    job_settings,
+    policy_for_job,
+)
 from slurm_recovery.decide.model import Action, ClusterView, IncidentKind, Mode, Verdict
 from slurm_recovery.decide.model import Evidence as CoreEvidence
 from slurm_recovery.decide.model import Incident as CoreIncident
@@ -302,22 +308,51 @@ class Reconciler:
             if self._kinds(job) - {str(IncidentKind.STRAGGLER)}
             or (job.job_id, job.restart_count, job.submit_time) in in_flight
         }
-        recent = dataclasses.replace(
+        settings = self._job_settings(view, evidence)
+        watched = dataclasses.replace(  # --recovery=off: the job is left alone
             view,
             jobs={
                 job_id: job
                 for job_id, job in view.jobs.items()
+                if settings.get(job_id, DEFAULT_SETTINGS).mode != "off"
+            },
+        )
+        recent = dataclasses.replace(
+            watched,
+            jobs={
+                job_id: job
+                for job_id, job in watched.jobs.items()
                 if job.active or job.end_time >= self.epoch
             },
         )
+        timeouts = {j: s.hang_timeout for j, s in settings.items() if s.hang_timeout is not None}
         found_now = detect(recent, evidence, known, self.catalogue, self.policy)
         crashed = {(i.job_id, i.restart_count) for i in found_now}
-        found_now += hang_incidents(view, evidence, known | crashed, self.policy)
+        found_now += hang_incidents(watched, evidence, known | crashed, self.policy, timeouts)
         troubled = reported | {(i.job_id, i.restart_count) for i in found_now}
-        found_now += straggler_incidents(view, evidence, troubled, self.policy)
+        found_now += straggler_incidents(watched, evidence, troubled, self.policy)
         for found in found_now:
-            drains = self._open(found, view.jobs[found.job_id], view, evidence)
+            job = view.jobs[found.job_id]
+            drains = self._open(found, job, view, evidence, settings.get(found.job_id))
             view = after_drains(view, drains)  # the blast radius counts this pass's drains
+
+    def _job_settings(
+        self, view: ClusterView, evidence: list[CoreEvidence]
+    ) -> dict[int, JobSettings]:
+        """Each job's own settings (SPANK options) from its job_start; for a job that started
+        before the evidence horizon, from the store (one indexed query per such job)."""
+        settings = job_settings(evidence)
+        horizon = view.now - EVIDENCE_HORIZON
+        for job in view.jobs.values():
+            if job.job_id in settings or not job.active or job.start_time >= horizon:
+                continue
+            records = self.store.evidence_by_kinds(
+                ("job_start",), job_id=job.job_id, limit=1, newest_first=True
+            )
+            found = job_settings(core_evidence(r) for r in records)
+            if job.job_id in found:
+                settings[job.job_id] = found[job.job_id]
+        return settings
 
     def _open_straggler_attempts(self) -> set[tuple[int, int, int]]:
         """(job id, restart count, submit time) of the straggler incidents still open."""
@@ -331,7 +366,12 @@ class Reconciler:
         return attempts
 
     def _open(
-        self, found: CoreIncident, job: Job, view: ClusterView, evidence: list[CoreEvidence]
+        self,
+        found: CoreIncident,
+        job: Job,
+        view: ClusterView,
+        evidence: list[CoreEvidence],
+        settings: JobSettings | None = None,
     ) -> frozenset[str]:
         """Record the incident, its verdict and advice; returns the drains advised."""
         now = self.clock()
@@ -345,7 +385,7 @@ class Reconciler:
             for past in self.store.list_incidents(history_id=attempt.history_id)
             if (past.outcome or "").startswith("restarted")
         )
-        advice = advise(found, verdict, job, self.policy, view, restarts)
+        advice = advise(found, verdict, job, policy_for_job(self.policy, settings), view, restarts)
         advised = self.clock()
         details = {
             "mode": str(advice.mode),

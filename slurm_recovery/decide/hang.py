@@ -338,10 +338,12 @@ def hang_incidents(
     evidence: Sequence[Evidence],
     open_or_done: Collection[tuple[int, int]],
     policy: Policy,
+    timeouts: Mapping[int, float] | None = None,
 ) -> list[Incident]:
     """HANG incidents for running jobs that report progress and stopped making it.
 
-    A job that never reported step progress is judged by its GPUs alone
+    ``timeouts``: job id -> the job's own hang deadline (clamped to the policy's floor and
+    ceiling). A job that never reported step progress is judged by its GPUs alone
     (:func:`detect_gpu_idle`), and not at all when the sidecars saw no GPU activity either."""
     found = []
     for job_id in sorted(view.jobs):
@@ -351,7 +353,14 @@ def hang_incidents(
         samples = progress_samples(evidence, job_id, job.nodes, job.restart_count)
         if samples:
             kind = "progress"
-            finding = detect_hang(job_id, samples, float(job.start_time), view.now, policy.hang)
+            finding = detect_hang(
+                job_id,
+                samples,
+                float(job.start_time),
+                view.now,
+                policy.hang,
+                (timeouts or {}).get(job_id),  # the job's own --recovery-hang-timeout
+            )
         else:
             kind = "gpu_activity"
             activity = [

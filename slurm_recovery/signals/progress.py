@@ -189,8 +189,10 @@ BUILTIN_PATTERNS: tuple[tuple[str, str, Callable[[str], LineMatch | None]], ...]
 
 
 def compile_job_pattern(text: str) -> re.Pattern[str]:
-    """Check a per-job progress pattern: a Python regular expression with a named group
-    ``step`` (digits), and optionally ``loss``, ``samples`` and ``tokens``."""
+    """Check a per-job progress pattern: a regular expression with a named group ``step``
+    (digits; optionally ``loss``, ``samples`` and ``tokens``), or, as the SPANK option
+    ``--recovery-progress`` takes it (POSIX extended syntax, no named groups), whose first
+    group is the step: ``iteration ([0-9]+)``."""
     try:
         pattern = re.compile(text)
     except re.error as exc:
@@ -198,10 +200,10 @@ def compile_job_pattern(text: str) -> re.Pattern[str]:
             f"progress pattern {text!r}: not a valid regular expression ({exc}); write e.g. "
             r"'step (?P<step>\d+)'"
         ) from None
-    if "step" not in pattern.groupindex:
+    if "step" not in pattern.groupindex and pattern.groups == 0:
         raise ProgressPatternError(
-            f"progress pattern {text!r}: has no named group 'step'; mark the step number with "
-            r"(?P<step>\d+), e.g. 'step (?P<step>\d+)'"
+            f"progress pattern {text!r}: has no group for the step number; mark it with "
+            r"(?P<step>\d+) or a first group, e.g. 'step ([0-9]+)'"
         )
     unknown = set(pattern.groupindex) - {"step", "loss", "samples", "tokens"}
     if unknown:
@@ -216,7 +218,7 @@ def _job_match(pattern: re.Pattern[str], line: str) -> LineMatch | None:
     found = pattern.search(line)
     if not found:
         return None
-    step = _int(found.group("step"))
+    step = _int(found.group("step") if "step" in pattern.groupindex else found.group(1))
     if step is None:
         return None
     groups = found.groupdict()

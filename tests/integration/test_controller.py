@@ -234,6 +234,40 @@ def test_application_fault_stops_the_job_and_blames_no_node(stacks, submit, sche
     assert not any(n.drained for n in scheduler.list_nodes())
 
 
+def test_a_jobs_own_settings_from_its_job_start_are_honoured(stacks, submit, scheduler):
+    """The SPANK options reach the controller in the job_start payload: --recovery=off leaves
+    the job alone in act mode; --recovery=monitor records advice without touching Slurm."""
+    stack = stacks("act")
+    left_alone = submit("-N1", "--wrap=sleep 600")
+    watched = submit("-N1", "--wrap=sleep 600")
+    jobs = {j: wait_for(lambda j=j: running(scheduler, j)) for j in (left_alone, watched)}
+    now = time.time()
+    stack.client.post_evidence(
+        [
+            event_to_json(
+                "job_start", now, node=jobs[j].nodes[0], job_id=j,
+                payload={"nodes": list(jobs[j].nodes), "restart_count": 0,
+                         "recovery": {"mode": mode}},
+            )
+            for j, mode in ((left_alone, "off"), (watched, "monitor"))
+        ]
+        + [
+            event_to_json(
+                "operator_report", now + 0.1, node=jobs[j].nodes[0], job_id=j,
+                payload={"reason": "bad GPU"},
+            )
+            for j in (left_alone, watched)
+        ],
+        role="operator",
+    )  # fmt: skip
+    (story,) = wait_for(lambda: story_or_none(stack, watched))
+    assert story["advice"]["mode"] == "monitor" and story["outcome"].startswith("monitor: ")
+    time.sleep(2)  # a few controller passes
+    assert story_or_none(stack, left_alone) == []  # --recovery=off: no incident at all
+    for j in (left_alone, watched):
+        assert scheduler.get_job(j).restart_count == 0  # Slurm untouched for both
+
+
 # --- (d) killed between hold and release: released exactly once after restart ----------------
 
 

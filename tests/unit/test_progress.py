@@ -359,12 +359,13 @@ def test_a_per_job_pattern_comes_first():
 @pytest.mark.parametrize(
     ("pattern", "words"),
     [
-        (r"step (\d+)", "no named group 'step'"),
+        (r"step \d+", "no group for the step number"),
         (r"step (?P<step>\d+", "not a valid regular expression"),
         (r"step (?P<step>\d+) lr (?P<lr>\S+)", "unknown named group(s) lr"),
     ],
 )
 def test_bad_per_job_patterns_say_how_to_fix_them(pattern, words):
+    """(A first unnamed group is the step, as the SPANK option's POSIX syntax writes it.)"""
     with pytest.raises(ProgressPatternError, match=None) as caught:
         compile_job_pattern(pattern)
     assert words in str(caught.value)
@@ -404,3 +405,9 @@ def test_the_last_step_before_a_stall_is_written_by_the_timer(tmp_path):
         time.sleep(0.02)
     assert [r["step"] for r in lines(path)] == [1, 2]  # ... and written with no further call
     reporter.close()
+
+
+def test_a_posix_pattern_takes_its_first_group_as_the_step():
+    parser = ProgressLineParser("epoch [0-9]+ iter ([0-9]+)")
+    sample = parser.parse("epoch 2 iter 340 loss 1.5", ts=5.0)
+    assert sample is not None and sample.step == 340

@@ -34,14 +34,14 @@ import logging
 import os
 import stat
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_recovery.sidecar.base import Finding
 from slurm_recovery.sidecar.sources.progress_out import LatestPerRank
 from slurm_recovery.signals.logs import Match, default_catalogue, evidence_payload
-from slurm_recovery.signals.progress import ProgressLineParser
+from slurm_recovery.signals.progress import ProgressLineParser, ProgressPatternError
 
 log = logging.getLogger("srecovery.sidecar.joblog")
 
@@ -84,6 +84,21 @@ class _Followed:
     tail: deque[Finding] = field(default_factory=lambda: deque(maxlen=MAX_SIGNATURES))
     dropped: int = 0  # matches neither reported nor kept
     ending: bool = False
+    #: per job: its own pattern (--recovery-progress), and its own count of counted steps
+    parser: ProgressLineParser = field(default_factory=ProgressLineParser)
+
+
+def _parser(job_id: int, payload: Mapping[str, Any]) -> ProgressLineParser:
+    """The job's progress-line parser: with its own pattern (``recovery.progress`` in the
+    job_start, from the SPANK option ``--recovery-progress``) when it compiles."""
+    recovery = payload.get("recovery")
+    pattern = recovery.get("progress") if isinstance(recovery, Mapping) else None
+    if isinstance(pattern, str) and pattern:
+        try:
+            return ProgressLineParser(pattern)
+        except ProgressPatternError as exc:
+            log.warning("job %d: progress pattern ignored: %s", job_id, exc)
+    return ProgressLineParser()
 
 
 class JobLogSource:
@@ -97,7 +112,6 @@ class JobLogSource:
         self.jobs: dict[int, _Followed] = {}
         #: the next attempt of a job whose previous attempt is still being finished
         self.next_attempt: dict[int, _Followed] = {}
-        self.parser = ProgressLineParser()
         self.catalogue = default_catalogue()
 
     def see(self, findings: Iterable[Finding]) -> None:
@@ -132,7 +146,7 @@ class JobLogSource:
         streams = _streams(payload)
         if not streams:
             return
-        job = _Followed(job_id, streams, restart_count=count)
+        job = _Followed(job_id, streams, restart_count=count, parser=_parser(job_id, payload))
         if current is None:
             self.jobs[job_id] = job
             return
@@ -284,7 +298,7 @@ class JobLogSource:
             return []
         if progress:
             for line in block.decode("utf-8", errors="replace").splitlines():
-                sample = self.parser.parse(line, now, self.node)
+                sample = job.parser.parse(line, now, self.node)
                 if sample is not None:
                     job.progress.see(sample)
         first = (stream.lines or 0) + 1
