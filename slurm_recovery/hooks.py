@@ -44,6 +44,7 @@ import signal
 import stat
 import sys
 import time
+import warnings
 from collections.abc import Mapping
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, TextIO
@@ -529,6 +530,44 @@ def _node_list(env: Mapping[str, str]) -> str | None:
     return env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
 
 
+#: Job-control variables the SPANK plugin (spank/slurm_recovery.c) sets at submission;
+#: slurmd hands them to the Prolog with Slurm's ``SPANK_`` prefix (seen on 22.05).
+RECOVERY_ENV = {
+    "mode": "SPANK_SRECOVERY_RECOVERY_MODE",
+    "max_restarts": "SPANK_SRECOVERY_RECOVERY_MAX_RESTARTS",
+    "hang_timeout": "SPANK_SRECOVERY_RECOVERY_HANG_TIMEOUT",
+    "progress": "SPANK_SRECOVERY_RECOVERY_PROGRESS",
+}
+RECOVERY_MODES = ("auto", "monitor", "off")
+_WHOLE = re.compile(r"[0-9]{1,6}")
+
+
+def recovery_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """The job's own slurm-recovery settings (docs/spank.md), checked again as the plugin
+    checks them; a missing or invalid one is left out (the controller's defaults apply)."""
+    found: dict[str, Any] = {}
+    mode = env.get(RECOVERY_ENV["mode"])
+    if mode in RECOVERY_MODES:
+        found["mode"] = mode
+    raw = env.get(RECOVERY_ENV["max_restarts"], "")
+    if _WHOLE.fullmatch(raw) and int(raw) <= 100:
+        found["max_restarts"] = int(raw)
+    raw = env.get(RECOVERY_ENV["hang_timeout"], "")
+    if _WHOLE.fullmatch(raw) and 10 <= int(raw) <= 86400:
+        found["hang_timeout"] = int(raw)
+    regex = env.get(RECOVERY_ENV["progress"], "")
+    if 0 < len(regex) <= 512:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                groups = re.compile(regex).groups
+        except (re.error, RecursionError, OverflowError):
+            groups = 0
+        if groups >= 1:
+            found["progress"] = regex
+    return found
+
+
 def build_event(
     hook: str, env: Mapping[str, str], now: float, node: str | None = None
 ) -> dict[str, Any]:
@@ -574,6 +613,10 @@ def build_event(
         value = _int(env.get(var))
         if value is not None:
             payload[key] = value
+    if hook == "prolog":
+        recovery = recovery_settings(env)
+        if recovery:
+            payload["recovery"] = recovery
     event: dict[str, Any] = {"kind": KIND[hook], "observed_at": now, "job_id": job}
     if node is not None and hook != "epilog_slurmctld":
         event["node"] = node
