@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterable, Set
@@ -25,6 +24,7 @@ from typing import Any
 
 import click
 
+from slurm_recovery import service_notify
 from slurm_recovery.config import ConfigError, load_config, parse_duration
 from slurm_recovery.holdmark import parse_hold_mark
 from slurm_recovery.scheduler import (
@@ -432,9 +432,8 @@ def run(
     released or a record not written), 3 (slurmctld unreachable). 2: invalid configuration.
     Logs to stderr.
     """
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s srecovery-watchdog %(levelname)s %(message)s")
+    handler = service_notify.log_handler(  # the journal's native protocol under systemd
+        "srecovery-watchdog", "%(asctime)s srecovery-watchdog %(levelname)s %(message)s"
     )
     package_log = logging.getLogger("slurm_recovery")
     saved_level = package_log.level
@@ -465,6 +464,7 @@ def run(
         return _loop(scheduler, spool, host, every)
     finally:
         package_log.removeHandler(handler)
+        handler.close()
         package_log.setLevel(saved_level)
 
 
@@ -496,13 +496,23 @@ def _loop(scheduler: Scheduler, spool: Path, host: str, every: float) -> int:
     )
     try:
         next_at = time.monotonic()
+        first = True
         while not stop.is_set():
-            _safe_sweep(scheduler, spool, host, every)
+            result = _safe_sweep(scheduler, spool, host, every)
+            if first:  # Type=notify: ready after the first sweep
+                service_notify.ready(f"sweeping every {every:g}s")
+                first = False
+            service_notify.watchdog_ping()  # WatchdogSec=: once per sweep, when enabled
+            service_notify.status(
+                f"last sweep {time.strftime('%H:%M:%S')}: {len(result.released)} released, "
+                f"{'slurmctld UNREACHABLE' if result.unreachable else 'slurmctld answered'}"
+            )
             next_at = max(next_at + every, time.monotonic())
             stop.wait(next_at - time.monotonic())
     finally:
         for signum, previous in saved.items():
             signal.signal(signum, previous)
+    service_notify.stopping()
     log.info("watchdog stopped")
     return EXIT_OK
 

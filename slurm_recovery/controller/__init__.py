@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import click
 
+from slurm_recovery import service_notify
 from slurm_recovery.config import ConfigError, load_config, split_host_port
 from slurm_recovery.options import config_option
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,10 +33,9 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
     except ConfigError as exc:
         click.echo(f"srecovery-controller: {exc}", err=True)
         sys.exit(2)
-    logging.basicConfig(
+    logging.basicConfig(  # the journal's native protocol under systemd, else stderr
         level=config.log.level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        handlers=[service_notify.log_handler("srecovery-controller", LOG_FORMAT)],
     )
     from aiohttp import web
 
@@ -47,6 +53,54 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
         config.source or "defaults",
         config.store.path,
     )
-    web.run_app(
-        controller.app(), host=host, port=port, print=None, access_log=None, handle_signals=True
-    )
+    app = controller.app()
+    _tell_systemd(app, controller, host, port)
+    web.run_app(app, host=host, port=port, print=None, access_log=None, handle_signals=True)
+
+
+# --------------------------------------------------------------------------------- systemd
+
+
+def _tell_systemd(app: Any, controller: Any, host: str, port: int) -> None:
+    """``Type=notify`` (docs/install.md): READY=1 once the store is open, the loop has made
+    its first pass and the port accepts connections (so /healthz answers); STATUS= and, with
+    ``WatchdogSec=``, WATCHDOG=1 after every loop pass; STOPPING=1 on shutdown. No-ops
+    without ``$NOTIFY_SOCKET``."""
+    passes = {"ended": 0}
+    tasks: list[asyncio.Task[None]] = []
+    tick = controller._tick  # the loop calls self._tick per pass: wrap it on this instance
+
+    def tick_and_tell() -> bool:
+        try:
+            return tick()
+        finally:
+            passes["ended"] += 1
+            service_notify.watchdog_ping()
+            r = controller.reconciler
+            error = r.last_error if r else ""
+            service_notify.status(f"last pass {time.strftime('%H:%M:%S')}: {error or 'ok'}")
+
+    controller._tick = tick_and_tell
+
+    async def announce_ready() -> None:
+        connect_host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        while True:
+            if passes["ended"]:
+                with contextlib.suppress(OSError):
+                    _, writer = await asyncio.open_connection(connect_host, port)
+                    writer.close()
+                    await writer.wait_closed()
+                    service_notify.ready(f"listening on {host}:{port}")
+                    return
+            await asyncio.sleep(0.05)
+
+    async def on_startup(app: Any) -> None:
+        tasks.append(asyncio.create_task(announce_ready()))
+
+    async def on_shutdown(app: Any) -> None:
+        service_notify.stopping("shutting down")
+        for task in tasks:
+            task.cancel()
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)

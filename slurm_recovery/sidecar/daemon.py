@@ -29,7 +29,7 @@ from typing import Any
 
 import click
 
-from slurm_recovery import __version__
+from slurm_recovery import __version__, service_notify
 from slurm_recovery.client import ControllerClient
 from slurm_recovery.config import ConfigError, load_config
 from slurm_recovery.controller.wire import MAX_PAYLOAD_BYTES, WireError, parse_event
@@ -399,8 +399,10 @@ class Sidecar:
             target=self._slow_loop, args=(stop,), name="srecovery-slow", daemon=True
         )
         slow.start()
+        service_notify.ready(f"sidecar for {self.node}")
         next_fast = time.monotonic()
         while not stop.is_set():
+            service_notify.watchdog_ping()  # WatchdogSec=: once per fast tick, when enabled
             try:
                 self.tick_fast(time.time())
                 if time.monotonic() >= self._status_due:
@@ -410,6 +412,7 @@ class Sidecar:
             next_fast = max(next_fast + self.fast_interval, time.monotonic())
             stop.wait(max(0.0, next_fast - time.monotonic()))
         log.info("stopping: finishing the request in flight")
+        service_notify.stopping("finishing the request in flight")
         slow.join(timeout=self.poll_interval + 5)
         self.sender.stop()
         sender.join(timeout=CONTROLLER_TIMEOUT + 5)
@@ -459,10 +462,13 @@ def main(config_path: Path | None, node: str | None, once: bool, insecure_no_aut
     except ConfigError as exc:
         click.echo(f"srecovery-sidecar: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-    logging.basicConfig(
+    logging.basicConfig(  # the journal's native protocol under systemd, else stderr
         level=config.log.level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        handlers=[
+            service_notify.log_handler(
+                "srecovery-sidecar", "%(asctime)s %(levelname)s %(name)s: %(message)s"
+            )
+        ],
     )
     side = config.sidecar
     node = node or side.node_name
