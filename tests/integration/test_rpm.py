@@ -24,8 +24,9 @@ HOOKDIR = "/usr/libexec/slurm-recovery"
 # The build makes the SPANK package when the plugin source and Slurm's headers are there.
 SPANK_BUILT = (ROOT / "spank" / "build").is_file() and Path("/usr/include/slurm/spank.h").is_file()
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("rpmbuild") is None, reason="rpmbuild not installed (apt-get install rpm)"
+# scripts/bootstrap installs rpm: without it these tests fail (never skip) and say what to do.
+assert shutil.which("rpmbuild"), (
+    "rpmbuild is not installed: apt-get install rpm (scripts/bootstrap)"
 )
 
 
