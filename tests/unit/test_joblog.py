@@ -202,7 +202,9 @@ OLD_BUG = "[rank1]: KeyError: 'sample_20'\n"  # attempt 0's traceback, already i
 
 
 def start_attempt(source: JobLogSource, payload: dict, job_id: int = 7) -> None:
+    """A job_start, taken in as the fast loop's next poll takes it (before it reads files)."""
     source.see([Finding("job_start", 1.0, job_id=job_id, payload={"nodes": ["n1"], **payload})])
+    source._take_events()
 
 
 def test_a_requeued_attempt_appending_to_its_output_starts_where_the_prolog_saw_it_end(tmp_path):

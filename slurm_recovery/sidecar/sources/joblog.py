@@ -113,6 +113,7 @@ class JobLogSource:
         #: the next attempt of a job whose previous attempt is still being finished
         self.next_attempt: dict[int, _Followed] = {}
         self.catalogue = default_catalogue()
+        self._events: deque[Finding] = deque()
 
     def see(self, findings: Iterable[Finding]) -> None:
         """Watch the events the sidecar queued: start following on job_start, stop on job_end.
@@ -121,8 +122,15 @@ class JobLogSource:
         followed last (the epilog of a requeued attempt already carries the next attempt's
         ``restart_count``, so the count cannot say which attempt ended). A job_start of a new
         attempt while the previous one is still followed (its job_end not seen yet) ends the
-        previous one first: it is read up to where the new attempt's output begins."""
-        for f in findings:
+        previous one first: it is read up to where the new attempt's output begins.
+
+        The sidecar calls this from its fast and its slow loop: the events are queued here and
+        taken in by :meth:`poll`, so the job table changes only in the fast loop."""
+        self._events.extend(f for f in findings if f.kind in ("job_start", "job_end"))
+
+    def _take_events(self) -> None:
+        while self._events:
+            f = self._events.popleft()
             if f.job_id is None:
                 continue
             payload: dict[str, Any] = dict(f.payload)
@@ -158,6 +166,7 @@ class JobLogSource:
         self.next_attempt[job_id] = job
 
     def poll(self, now: float) -> list[Finding]:
+        self._take_events()
         out: list[Finding] = []
         for job in list(self.jobs.values()):
             if job.ending:
