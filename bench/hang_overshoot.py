@@ -17,10 +17,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support import job_incidents, milestone_times, wait
 
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.client import ControllerClient
@@ -34,16 +35,6 @@ for i in $(seq 1 12); do
 done
 sleep 600
 """
-
-
-def wait(predicate, timeout: float = 90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError("condition not met")
 
 
 def main() -> int:
@@ -77,8 +68,8 @@ def main() -> int:
                 ).stdout.split(";")[0]
             )
             wait(lambda j=job_id: sched.get_job(j).restart_count == 1)
-            story = wait(lambda j=job_id: client.get(f"/v1/jobs/{j}")["incidents"])[0]
-            m = {k: datetime.fromisoformat(v).timestamp() for k, v in story["milestones"].items()}
+            story = wait(lambda j=job_id: job_incidents(client, j))[0]
+            m = milestone_times(story)
             overshoot = m["detected"] - m["failure"]
             overshoots.append(overshoot)
             print(

@@ -22,10 +22,11 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support import job_incidents, milestone_times, wait
 
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.client import ControllerClient
@@ -33,22 +34,13 @@ from slurm_recovery.controller.wire import event_to_json
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.sidecar.sim import inject
 
-
-def wait(predicate, timeout: float = 60.0, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError("condition not met")
-
-
 FALLEN_OFF = "GPU has fallen off the bus."
+#: Poll fast: the times measured here are taken when a wait returns.
+POLL = {"timeout": 60.0, "interval": 0.02}
 
 
 def detected_at(story: dict) -> float:
-    return datetime.fromisoformat(story["milestones"]["detected"]).timestamp()
+    return milestone_times(story)["detected"]
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
@@ -101,7 +93,7 @@ def main() -> int:
                     check=True,
                 ).stdout.split(";")[0]
             )
-            first = wait(lambda j=job_id: (x := sched.get_job(j)).state == "RUNNING" and x)
+            first = wait(lambda j=job_id: (x := sched.get_job(j)).state == "RUNNING" and x, **POLL)
             bad = first.nodes[-1]
             time.sleep(rng.uniform(0, args.jitter))
             reported = time.time()
@@ -113,13 +105,14 @@ def main() -> int:
                 )
                 client.post_evidence([event], role="operator")
             wait(
-                lambda j=job_id: (x := sched.get_job(j)).state == "RUNNING" and x.restart_count == 1
+                lambda j=job_id: (
+                    (x := sched.get_job(j)).state == "RUNNING" and x.restart_count == 1
+                ),
+                **POLL,
             )
             running = time.time()
             story = wait(
-                lambda j=job_id: [
-                    i for i in client.get(f"/v1/jobs/{j}")["incidents"] if i["outcome"]
-                ]
+                lambda j=job_id: [i for i in job_incidents(client, j) if i["outcome"]], **POLL
             )[0]
             row = {
                 "trial": trial,

@@ -24,13 +24,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from support import job_incidents, milestone_times, wait
+
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.client import ClientError, ControllerClient
+from slurm_recovery.client import ControllerClient
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = (
@@ -61,25 +62,6 @@ while True:
 BATCH = """#!/bin/bash
 srun -N2 -n2 {python} {rank} "$(date +%s.%N)" {onset}
 """
-
-
-def wait(predicate, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError("condition not met")
-
-
-def incidents(client: ControllerClient, job_id: int) -> list:
-    try:
-        return client.get(f"/v1/jobs/{job_id}")["incidents"]
-    except ClientError as exc:
-        if exc.status == 404:  # no incident for the job yet
-            return []
-        raise
 
 
 def main() -> int:
@@ -119,8 +101,8 @@ def main() -> int:
                     check=True,
                 ).stdout.split(";")[0]
             )
-            story = wait(lambda j=job_id: incidents(client, j))[0]
-            m = {k: datetime.fromisoformat(v).timestamp() for k, v in story["milestones"].items()}
+            story = wait(lambda j=job_id: job_incidents(client, j), timeout=120.0, interval=0.2)[0]
+            m = milestone_times(story)
             started = float(onset.read_text())
             delay = m["detected"] - started
             delays.append(delay)
