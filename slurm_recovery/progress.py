@@ -202,11 +202,21 @@ class Reporter:
                 os.close(fd)
 
     def close(self) -> None:
-        """Write what is buffered and close the file. Never raises."""
+        """Write what is buffered, then an end record (``"done": true``: this process finished
+        stepping, so a slow teardown afterwards is not a hang), and close the file. Runs at
+        interpreter exit for the process-wide reporter. Never raises."""
         timer = self._timer
         if timer is not None:
             timer.cancel()
         self.flush()
+        if self.path is not None and self._step is not None:
+            try:
+                with self._lock:
+                    record = {"ts": round(self._clock(), 3), "step": self._step, "rank": self.rank}
+                    record |= {"host": self.host, "done": True}
+                    self._write((json.dumps(record, separators=(",", ":")) + "\n").encode())
+            except Exception:
+                pass
         self._close()
 
 

@@ -53,6 +53,8 @@ class ProgressSample:
     samples: float | None = None
     loss: float | None = None
     step_time: float | None = None
+    #: the rank's process ended normally after ``step`` (its last report, written at exit)
+    done: bool = False
 
     @property
     def key(self) -> StreamKey:
@@ -85,6 +87,12 @@ def attempt_samples(samples: Iterable[ProgressSample], started_at: float) -> lis
     """The samples of the attempt that started at ``started_at``, in time order."""
     since = started_at - START_SLACK
     return sorted((s for s in samples if s.ts >= since), key=lambda s: (s.ts, s.step))
+
+
+def all_done(ordered: Sequence[ProgressSample]) -> bool:
+    """Whether the latest sample of every stream in ``ordered`` (time order) is ``done``."""
+    latest = {sample.key: sample.done for sample in ordered}
+    return bool(latest) and all(latest.values())
 
 
 @dataclass(frozen=True)
@@ -152,9 +160,12 @@ def detect_hang(
 
     Progress is a rank reporting a step other than the one it reported before. The job is
     making progress as long as any rank is. Samples older than the start (a previous attempt's)
-    are ignored.
+    are ignored. When every rank's latest report says its process ended (``done``), the job
+    has finished its work and is only tearing down: not hung, however long that takes.
     """
     ordered = attempt_samples(samples, started_at)
+    if ordered and all_done(ordered):
+        return None
     if not ordered:
         hung_since = started_at + policy.startup_grace
         if now < hung_since:
@@ -313,6 +324,7 @@ def progress_samples(
                 samples=_number(ev.payload.get("samples")),
                 loss=_number(ev.payload.get("loss")),
                 step_time=step_time if step_time is not None and step_time >= 0 else None,
+                done=ev.payload.get("done") is True,
             )
         )
     return samples

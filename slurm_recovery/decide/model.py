@@ -61,7 +61,8 @@ class Evidence:
     - ``progress``: the latest training step a rank of ``job_id`` reached [step: int,
       rank?: int, ts?: float (when it was reached), origin: "log"|"file"; from the progress
       file also tokens?, samples?: float (running totals), step_time?: float (the rank's own
-      work per step), loss?: float or "nan"/"inf"/"-inf"]. ``node`` is where the rank runs
+      work per step), loss?: float or "nan"/"inf"/"-inf", done?: true (the rank's process
+      ended after ``step``)]. ``node`` is where the rank runs
       for origin "file"; for "log" it is only the node that read the job's output
     - ``log_signature``: a recognised log line for ``job_id`` [signature: str,
       fault_class: str, blame_node: bool, text: str] (the signals issue produces these)

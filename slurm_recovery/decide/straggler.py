@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from slurm_recovery.decide.hang import (
     ProgressSample,
     StreamKey,
+    all_done,
     attempt_samples,
     progress_samples,
 )
@@ -282,6 +283,9 @@ def detect_straggler(
     ``rank_nodes``: rank -> node (Slurm's task layout) for samples that carry no node.
     """
     ordered = attempt_samples(samples, started_at)
+    if ordered and all_done(ordered):
+        return None  # the job finished its work: its rate falls to nothing, as it should
+    ordered = [s for s in ordered if not s.done]  # an end record carries no work
     unit, points = throughput(ordered, started_at, policy.rate_interval)
     drop = find_drop(points, policy)
     if drop is None:

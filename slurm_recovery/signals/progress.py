@@ -326,6 +326,7 @@ def parse_record(line: str | bytes) -> ProgressSample | None:
         samples=_finite(record.get("samples")),
         loss=loss if isinstance(loss, float) else None,
         step_time=step_time if step_time is not None and step_time >= 0 else None,
+        done=record.get("done") is True,
     )
 
 

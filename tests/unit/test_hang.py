@@ -250,3 +250,32 @@ def test_only_ranks_behind_the_top_step_are_named(samples, policy):
         last_step[sample.rank] = sample.step
     assert set(finding.stalled_ranks) == {r for r, s in last_step.items() if s < finding.last_step}
     assert finding.stalled_nodes == {f"n{r}" for r in finding.stalled_ranks}
+
+
+def done(samples, at: float):
+    """Each stream's end record (``done``) at ``at``, after ``samples``."""
+    last = {s.key: s for s in samples}
+    return [
+        ProgressSample(ts=at, step=s.step, rank=s.rank, node=s.node, done=True)
+        for s in last.values()
+    ]
+
+
+def test_a_job_whose_ranks_all_finished_is_not_hung_while_it_tears_down():
+    ranks = ((0, "n1"), (1, "n2"))
+    samples = steady(2.0, 20, ranks=ranks)
+    last = samples[-1].ts
+    finished = samples + done(samples, last + 1)
+    assert detect_hang(1, finished, START, last + 3600, POLICY) is None
+    # one rank still short of its end record: the job is judged as before
+    one_left = samples + done(samples[-1:], last + 1)
+    finding = detect_hang(1, one_left, START, last + 60.0, POLICY)
+    assert finding is not None and finding.last_progress_at == last
+
+
+def test_an_end_record_is_not_progress():
+    samples = steady(2.0, 20, ranks=((0, "n1"), (1, "n2")))
+    last = samples[-1].ts
+    late_end = samples + done(samples[-1:], last + 50)  # rank 1 ended; rank 0 is stuck
+    finding = detect_hang(1, late_end, START, last + 60.0, POLICY)
+    assert finding is not None and finding.hung_since == last + 60.0

@@ -67,8 +67,8 @@ def test_the_env_var_names_the_file(tmp_path, monkeypatch):
         assert (record["tokens"], record["samples"], record["loss"]) == (100, 2, 2.5)
         progress.report(2)
     finally:
-        progress._reset()  # closes: the buffered step 2 is written
-    assert [r["step"] for r in lines(path)] == [1, 2]
+        progress._reset()  # closes: the buffered step 2 is written, then the end record
+    assert [(r["step"], r.get("done")) for r in lines(path)] == [(1, None), (2, None), (2, True)]
 
 
 def test_writes_at_most_once_per_interval_and_keeps_the_latest(tmp_path):
@@ -411,3 +411,23 @@ def test_a_posix_pattern_takes_its_first_group_as_the_step():
     parser = ProgressLineParser("epoch [0-9]+ iter ([0-9]+)")
     sample = parser.parse("epoch 2 iter 340 loss 1.5", ts=5.0)
     assert sample is not None and sample.step == 340
+
+
+def test_close_writes_an_end_record_that_the_reader_takes_as_done(tmp_path):
+    path = tmp_path / "p"
+    reporter = progress.Reporter(str(path), rank=2, host="n3", interval=60)
+    reporter.report(1)
+    reporter.report(2)  # buffered: the interval has not passed
+    reporter.close()
+    records = lines(path)
+    assert [(r["step"], r.get("done")) for r in records] == [(1, None), (2, None), (2, True)]
+    samples = [parse_record(json.dumps(r)) for r in records]
+    assert [s.done for s in samples] == [False, False, True]
+    assert samples[-1].rank == 2 and samples[-1].node == "n3"
+    assert parse_record('{"ts": 1, "step": 1, "done": "yes"}').done is False
+
+
+def test_a_process_that_never_stepped_writes_no_end_record(tmp_path):
+    path = tmp_path / "p"
+    progress.Reporter(str(path), rank=0, host="n1").close()
+    assert not path.exists()

@@ -12,11 +12,14 @@ from pathlib import Path
 import pytest
 
 from slurm_recovery import jobdir
+from slurm_recovery.controller.loop import core_evidence
 from slurm_recovery.controller.wire import parse_event
+from slurm_recovery.decide.hang import progress_samples
 from slurm_recovery.progress import Reporter
 from slurm_recovery.sidecar.base import Finding
 from slurm_recovery.sidecar.sources.progress_out import PROGRESS_EVERY
 from slurm_recovery.sidecar.sources.progressfile import ProgressFileSource, loss_value
+from slurm_recovery.store.records import EvidenceRecord
 
 NODE = "n1"
 UID = os.getuid()
@@ -411,3 +414,25 @@ def test_flight_recorder_dumps_go_out_once_per_version_and_before_removal(tmp_pa
     last = [f for f in source.poll(t0 + 4.2) if f.kind == "flight_recorder"]
     assert [f.payload["rank"] for f in last] == [0]
     assert not where.exists()
+
+
+def test_a_ranks_end_record_goes_out_once_as_done_and_reaches_the_hang_detector(tmp_path):
+    where = job(tmp_path)
+    source = ProgressFileSource(NODE, template(tmp_path))
+    t0 = time.time()
+    start(source, 7, t0, restart_count=0)
+    clock = Clock(t0 + 1)
+    r0 = reporter(where, 0, clock)
+    r0.report(5)
+    assert [f.payload.get("done") for f in source.poll(t0 + 1)] == [None]
+    clock.now = t0 + 9
+    r0.close()  # what atexit does when the training script returns
+    sent = source.poll(t0 + 9)
+    assert [(f.payload["step"], f.payload.get("done")) for f in sent] == [(5, True)]
+    assert source.poll(t0 + 20) == []  # sent once
+    evidence = [  # as the controller reads it back from the store
+        core_evidence(EvidenceRecord(i, t0, parse_event(f.to_event(NODE), "progress", "sidecar")))
+        for i, f in enumerate(sent, 1)
+    ]
+    samples = progress_samples(evidence, 7, [NODE], 0)
+    assert [(s.step, s.done) for s in samples] == [(5, True)]

@@ -271,3 +271,11 @@ def test_a_lasting_drop_is_found_within_min_duration_plus_two_periods(interval, 
             break
     assert found_after is not None
     assert found_after <= policy.min_duration + 2 * policy.rate_interval + slow + 10
+
+
+def test_a_job_that_finished_is_no_straggler_and_end_records_carry_no_work():
+    samples = run([(1200, 1.0)], ranks=(0, 1))
+    end = samples[-1].ts + 400  # the end records come long after the last step
+    ended = [ProgressSample(ts=end, step=s.step, rank=s.rank, done=True) for s in samples[-2:]]
+    assert detect_straggler(1, samples + ended, START, POLICY) is None
+    assert detect_straggler(1, samples + ended[:1], START, POLICY) is None

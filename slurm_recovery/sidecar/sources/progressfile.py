@@ -69,6 +69,8 @@ def progress_payload(sample: ProgressSample, restart_count: int | None = None) -
             payload[key] = value
     if sample.loss is not None:
         payload["loss"] = loss_value(sample.loss)
+    if sample.done:
+        payload["done"] = True
     return payload
 
 
