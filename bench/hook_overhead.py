@@ -1,7 +1,7 @@
 """Time each slurm-recovery hook as Slurm sees it: from starting the process to its exit.
 
     .venv/bin/python bench/hook_overhead.py [--runs 200] [--url URL --munge-socket PATH]
-                                            [--json FILE]
+                                            [--quick] [--json FILE]
 
 slurmd (Prolog/Epilog) and slurmctld (EpilogSlurmctld) fork the hook and wait for it, so its
 whole wall time is what a job start or end pays. Each case runs the hook executable itself
@@ -39,6 +39,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from report import write_json
 
 from slurm_recovery import jobdir
 
@@ -169,7 +171,10 @@ def main() -> None:
     parser.add_argument("--url", help="a running controller, for the 'controller up' case")
     parser.add_argument("--munge-socket", default="", help="munged socket for --url")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--quick", action="store_true", help="10 runs per case (for CI)")
     args = parser.parse_args()
+    if args.quick:
+        args.runs = min(args.runs, 10)
 
     python_dir = str(Path(sys.executable).parent)
     base_env = {"PATH": f"{python_dir}:/usr/bin:/bin"}  # slurmd's own PATH is minimal
@@ -239,8 +244,7 @@ def main() -> None:
             f"(controller-down runs spooled {spooled} events; {os.cpu_count()} CPUs; "
             f"load average now {load})"
         )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.json, "hook_overhead", {"runs": args.runs, "cases": results}, args.quick)
 
 
 if __name__ == "__main__":

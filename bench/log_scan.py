@@ -2,8 +2,8 @@
 
 The log imitates a healthy multi-node training job (Megatron-LM iteration lines, NCCL INFO
 channel lines, PyTorch Lightning progress lines) with rare failure lines (about one in
-100,000). Usage: ``python bench/log_scan.py [--mb 500] [--keep PATH]``. Prints MB/s, on one
-core, for each way in:
+100,000). Usage: ``python bench/log_scan.py [--mb 500] [--keep PATH] [--quick] [--json FILE]``
+(``--quick``: a 20 MB log). Prints MB/s, on one core, for each way in:
 
 - ``scan_file``: a whole file (``srecovery explain-log``);
 - ``scan(lines)``: the lines of a file opened in binary mode;
@@ -24,6 +24,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from report import write_json
 
 from slurm_recovery.signals.logs import default_catalogue
 
@@ -96,7 +98,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=500, help="size of the synthetic log (MB)")
     parser.add_argument("--keep", type=Path, default=None, help="write the log here and keep it")
+    parser.add_argument("--quick", action="store_true", help="a 20 MB log (seconds; for CI)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    if args.quick:
+        args.mb = min(args.mb, 20)
     catalogue = default_catalogue()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.keep or Path(tmp) / "synthetic.log"
@@ -144,6 +150,15 @@ def main() -> None:
         f"{'decode+splitlines':20s} {size / split[0] / 1e6:7.1f} MB/s per CPU second  "
         "(the caller's, not counted above)"
     )
+    figures = {
+        "log_mb": round(size / 1e6, 1),
+        "failure_lines": rare,
+        "signatures": len(catalogue),
+        "mb_per_cpu_second": {name: round(size / t[0] / 1e6, 1) for name, t in timings.items()},
+        "mb_per_wall_second": {name: round(size / t[1] / 1e6, 1) for name, t in timings.items()},
+        "matches": {name: t[2] for name, t in timings.items()},
+    }
+    write_json(args.json, "log_scan", figures, args.quick)
 
 
 if __name__ == "__main__":

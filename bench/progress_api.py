@@ -1,6 +1,7 @@
 """Cost of ``slurm_recovery.progress.report()`` per call, as a training loop pays it.
 
-    .venv/bin/python bench/progress_api.py [--calls 1000000] [--interval 1.0]
+    .venv/bin/python bench/progress_api.py [--calls 1000000] [--interval 1.0] [--quick]
+                                           [--json FILE]
 
 Cases, each ``--calls`` calls in a tight loop (best of 5 runs, nanoseconds per call):
 
@@ -24,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from report import write_json
+
 from slurm_recovery import progress
 
 
@@ -41,8 +44,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1_000_000)
     parser.add_argument("--interval", type=float, default=progress.DEFAULT_INTERVAL)
+    parser.add_argument("--quick", action="store_true", help="20,000 calls per case (for CI)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    calls = args.calls
+    calls = min(args.calls, 20_000) if args.quick else args.calls
 
     def nothing(step: int) -> None:
         return None
@@ -80,6 +85,13 @@ def main() -> int:
     print(f"{'case':42} {'ns/call':>10} {'lines written':>14}")
     for name, cost, written in rows:
         print(f"{name:42} {cost:10.0f} {'' if written is None else written:>14}")
+    figures = {
+        "calls": calls,
+        "interval_s": args.interval,
+        "ns_per_call": {name: round(cost, 1) for name, cost, _ in rows},
+        "lines_written": {name: written for name, _, written in rows if written is not None},
+    }
+    write_json(args.json, "progress_api", figures, args.quick)
     return 0
 
 

@@ -3,7 +3,7 @@ core on average, < 60 MB RSS).
 
     .venv/bin/python bench/sidecar_overhead.py [--seconds 60] [--gpus 8] [--poll 10]
                                                [--inject-every S] [--url URL --node N
-                                               --munge-socket PATH] [--json FILE]
+                                               --munge-socket PATH] [--quick] [--json FILE]
 
 Starts ``python -m slurm_recovery.sidecar`` (the daemon exactly as installed: simulated GPU
 backend, hook spool, outbox, sender; the kernel log and InfiniBand off, as on a host without
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import signal
@@ -35,6 +34,8 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from report import write_json  # noqa: E402
 
 from slurm_recovery.sidecar.sim import inject  # noqa: E402
 
@@ -115,7 +116,10 @@ def main() -> int:
     parser.add_argument("--node", default="bench1", help="node name the sidecar speaks for")
     parser.add_argument("--munge-socket", default="", help="munged socket (with --url)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--quick", action="store_true", help="5 s with a 1 s poll (for CI)")
     args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.poll = min(args.seconds, 5.0), min(args.poll, 1.0)
 
     receiver = None if args.url else Receiver()
     url = args.url or receiver.start()
@@ -181,8 +185,7 @@ def main() -> int:
     )
     if receiver:
         print(f"events received: {receiver.events} {receiver.kinds}")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    write_json(args.json, "sidecar_overhead", figures, args.quick)
     if os.environ.get("SRECOVERY_BENCH_KEEP") is None:
         shutil.rmtree(base, ignore_errors=True)
     return 0 if code == 0 else 1

@@ -1,6 +1,6 @@
 """How long after a job slows down it is reported as a straggler, on the real local stack.
 
-    .venv/bin/python bench/straggler_delay.py --trials 5
+    .venv/bin/python bench/straggler_delay.py --trials 5 [--quick] [--json FILE]
 
 Brings up ``srecovery dev up`` (monitor mode) with a short straggler policy (rate_interval 2 s,
 baseline_window 20 s, min_duration 10 s, drop 30 %), then per trial runs a 2-node job whose two
@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from report import write_json
 from support import job_incidents, milestone_times, wait
 
 from slurm_recovery import devstack, localcluster
@@ -70,7 +71,11 @@ def main() -> int:
     parser.add_argument("--base", type=Path, default=Path("/tmp/srecovery-bench-straggler"))
     parser.add_argument("--port-base", type=int, default=17600)
     parser.add_argument("--api-port", type=int, default=17966)
+    parser.add_argument("--quick", action="store_true", help="one trial (for CI)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    if args.quick:
+        args.trials = 1
     stack = devstack.up(
         args.base,
         mode="monitor",
@@ -86,6 +91,7 @@ def main() -> int:
     rank = work / "rank.py"
     rank.write_text(RANK.format(root=str(ROOT)))
     delays = []
+    trials = []
     try:
         for trial in range(1, args.trials + 1):
             onset = work / f"onset-{trial}"
@@ -107,6 +113,7 @@ def main() -> int:
             delay = m["detected"] - started
             delays.append(delay)
             verdict = story["advice"]["verdict"]
+            trials.append({"job": job_id, "delay_s": round(delay, 3), "nodes": verdict["nodes"]})
             print(
                 f"trial {trial}: job {job_id} {story['kind']} detected {delay:.2f} s after the "
                 f"slowdown; nodes {verdict['nodes']}: {story['advice']['reason']}",
@@ -121,6 +128,13 @@ def main() -> int:
         f"{statistics.median(delays):.2f} s, max {max(delays):.2f} s ({len(delays)} trials; "
         "policy min_duration 10 s, rate_interval 2 s)"
     )
+    figures = {
+        "delay_s": {"p50": round(statistics.median(delays), 3), "max": round(max(delays), 3)},
+        "named_n2": sum(1 for t in trials if t["nodes"] == ["n2"]),
+        "trials": trials,
+        "policy": {"min_duration_s": 10, "rate_interval_s": 2},
+    }
+    write_json(args.json, "straggler_delay", figures, args.quick)
     return 0
 
 
