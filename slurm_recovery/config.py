@@ -517,6 +517,23 @@ KEYS: tuple[Key, ...] = (
         _path,
     ),
     Key(
+        "controller",
+        "tls_cert",
+        "absolute path, or empty",
+        "",
+        "PEM certificate (chain) the HTTP API serves over TLS; set it with tls_key. Empty: plain "
+        "HTTP (requests are still signed with MUNGE).",
+        _optional_path,
+    ),
+    Key(
+        "controller",
+        "tls_key",
+        "absolute path, or empty",
+        "",
+        "PEM private key of tls_cert; readable by the controller's user only.",
+        _optional_path,
+    ),
+    Key(
         "auth",
         "munge_socket",
         "absolute path, or empty",
@@ -574,6 +591,15 @@ KEYS: tuple[Key, ...] = (
         "Where srecovery and the sidecars reach the controller. The environment variable "
         "SRECOVERY_URL overrides it. A trailing / is dropped.",
         _url,
+    ),
+    Key(
+        "client",
+        "ca_file",
+        "absolute path, or empty",
+        "",
+        "PEM file of the certificate authorities trusted for an https:// client.url. Empty: "
+        "the system's trust store.",
+        _optional_path,
     ),
     Key(
         "sidecar",
@@ -755,6 +781,8 @@ class ControllerConfig:
     hold_deadline: float = DEFAULTS["controller.hold_deadline"]
     max_request_bytes: int = DEFAULTS["controller.max_request_bytes"]
     spool_dir: Path = DEFAULTS["controller.spool_dir"]
+    tls_cert: str = DEFAULTS["controller.tls_cert"]
+    tls_key: str = DEFAULTS["controller.tls_key"]
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
@@ -779,6 +807,7 @@ class WatchdogConfig:
 @dataclass(frozen=True)
 class ClientConfig:
     url: str = DEFAULTS["client.url"]
+    ca_file: str = DEFAULTS["client.ca_file"]
 
 
 @dataclass(frozen=True)
@@ -1009,6 +1038,12 @@ def config_from_dict(
                     values[section][name] = key.validator(value)
                 except ValueError as exc:
                     problems.append(f"{label}: {key.dotted} = {value!r}: {exc}")
+    tls = values["controller"]
+    if bool(tls.get("tls_cert")) != bool(tls.get("tls_key")):
+        problems.append(
+            f"{label}: controller.tls_cert and controller.tls_key go together: set both (TLS) "
+            "or neither (plain HTTP)"
+        )
     if problems:
         raise ConfigError(*problems)
     sections = {section: cls(**values[section]) for section, cls in SECTIONS.items()}

@@ -147,6 +147,7 @@ HOOK_DEFAULTS: Mapping[str, object] = {
     "controller.spool_dir": "/var/spool/slurm-recovery/controller",
     "controller.policy": "/etc/slurm-recovery/policy.toml",
     "client.url": "http://localhost:7765",
+    "client.ca_file": "",
     "auth.munge_socket": "",
 }
 
@@ -209,7 +210,7 @@ def _check(dotted: str, value: object) -> object:
         if not isinstance(value, str) or not value.startswith(("http://", "https://")):
             raise ValueError("must be a URL starting with http:// or https://")
         return value.rstrip("/")
-    path = _absolute(value, empty_ok=dotted == "auth.munge_socket")
+    path = _absolute(value, empty_ok=dotted in ("auth.munge_socket", "client.ca_file"))
     rest = path.replace(NODE_PLACEHOLDER, "")
     if dotted in ("sidecar.spool_dir", "hooks.job_dir") and ("{" in rest or "}" in rest):
         raise ValueError(f"the only placeholder it may hold is {NODE_PLACEHOLDER}")
@@ -811,7 +812,10 @@ def post_event(config: HookConfig, event: Mapping[str, Any]) -> None:
 
     timeout = config["hooks.controller_timeout"]
     client = ControllerClient(
-        config["client.url"], munge_socket=config["auth.munge_socket"] or None, timeout=timeout
+        config["client.url"],
+        munge_socket=config["auth.munge_socket"] or None,
+        timeout=timeout,
+        ca_file=config["client.ca_file"] or None,
     )
     with _deadline(timeout):
         client.post_evidence([dict(event)], role="operator")

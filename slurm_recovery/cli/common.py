@@ -28,7 +28,10 @@ T = TypeVar("T")
 
 def client_for(config: Config, insecure: bool = False) -> ControllerClient:
     return ControllerClient(
-        config.client.url, munge_socket=config.auth.munge_socket or None, insecure=insecure
+        config.client.url,
+        munge_socket=config.auth.munge_socket or None,
+        insecure=insecure,
+        ca_file=config.client.ca_file or None,
     )
 
 

@@ -20,6 +20,7 @@ import math
 import os
 import select
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -144,10 +145,10 @@ def status_from_healthz(health: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_healthz(url: str, timeout: float) -> dict[str, Any]:
+def read_healthz(url: str, timeout: float, tls: ssl.SSLContext | None = None) -> dict[str, Any]:
     """``/healthz`` (no credential needed), whether it answers 200 or 503."""
     try:
-        with urllib.request.urlopen(f"{url}/healthz", timeout=timeout) as resp:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=timeout, context=tls) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         try:
@@ -174,7 +175,8 @@ def fetch(client: ControllerClient, now: float | None = None) -> Snapshot:
     except ClientError as exc:
         if exc.status != 404:
             raise
-        status = status_from_healthz(read_healthz(client.url, client.timeout))
+        health = read_healthz(client.url, client.timeout, client.tls_context())
+        status = status_from_healthz(health)
         source = "healthz"
     if not isinstance(status, dict):
         raise ClientError(502, "unexpected answer to /v1/status")

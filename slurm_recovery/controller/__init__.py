@@ -40,7 +40,15 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
     from aiohttp import web
 
     from slurm_recovery.controller.service import Controller
+    from slurm_recovery.controller.tls import TLSConfigError, server_context
 
+    tls = None
+    if config.controller.tls_cert:
+        try:
+            tls = server_context(config.controller.tls_cert, config.controller.tls_key)
+        except TLSConfigError as exc:
+            click.echo(f"srecovery-controller: cannot start: {exc}", err=True)
+            sys.exit(2)
     try:
         controller = Controller(config, insecure_no_auth=insecure_no_auth)
     except Exception as exc:  # a clear line, not a traceback, for config/policy/Slurm trouble
@@ -48,14 +56,23 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
         sys.exit(1)
     host, port = split_host_port(config.controller.listen)
     logging.getLogger("srecovery.controller").info(
-        "listening on %s (config %s, store %s)",
+        "listening on %s%s (config %s, store %s)",
         config.controller.listen,
+        " with TLS" if tls else "",
         config.source or "defaults",
         config.store.path,
     )
     app = controller.app()
     _tell_systemd(app, controller, host, port)
-    web.run_app(app, host=host, port=port, print=None, access_log=None, handle_signals=True)
+    web.run_app(
+        app,
+        host=host,
+        port=port,
+        ssl_context=tls,
+        print=None,
+        access_log=None,
+        handle_signals=True,
+    )
 
 
 # --------------------------------------------------------------------------------- systemd

@@ -489,6 +489,7 @@ def main(config_path: Path | None, node: str | None, once: bool, insecure_no_aut
         munge_socket=config.auth.munge_socket or None,
         insecure=insecure_no_auth,
         timeout=CONTROLLER_TIMEOUT,
+        ca_file=config.client.ca_file or None,
     )
     sender = Sender(outbox, client, node, side.batch_max_events)
     registry = build(side, node, spool_dir, config.hooks.job_dir)

@@ -1044,3 +1044,11 @@ def test_docs_cover_location_precedence_and_slurm_conf():
     text = DOCS.read_text()
     for needle in ("/etc/slurm-recovery/config.toml", "SRECOVERY_CONFIG", "--config", "slurm.conf"):
         assert needle in text
+
+
+@pytest.mark.parametrize("which", ["tls_cert", "tls_key"])
+def test_a_tls_certificate_and_key_go_together(which):
+    with pytest.raises(ConfigError, match=r"tls_cert and controller\.tls_key go together"):
+        config_from_toml(f'[controller]\n{which} = "/etc/slurm-recovery/tls/x.pem"\n')
+    both = config_from_toml('[controller]\ntls_cert = "/a.crt"\ntls_key = "/a.key"\n')
+    assert (both.controller.tls_cert, both.controller.tls_key) == ("/a.crt", "/a.key")

@@ -270,6 +270,9 @@ class FakeClient:
     def __init__(self) -> None:
         self.paths: list[str] = []
 
+    def tls_context(self) -> None:
+        return None
+
     def get(self, path: str) -> Any:
         self.paths.append(path)
         if path == "/v1/status":
@@ -293,7 +296,7 @@ def test_a_controller_without_v1_status_is_read_from_healthz(monkeypatch):
         "auth": "munge",
         "modes": {"default": "monitor", "gpu": "act"},
     }
-    monkeypatch.setattr(console, "read_healthz", lambda url, timeout: health)
+    monkeypatch.setattr(console, "read_healthz", lambda url, timeout, tls: health)
     client = FakeClient()
     snap = console.fetch(client)  # type: ignore[arg-type]
     assert snap.source == "healthz"
