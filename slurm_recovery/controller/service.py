@@ -343,7 +343,9 @@ class Controller:
         )
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.controller.max_request_bytes)
+        app = web.Application(
+            client_max_size=self.config.controller.max_request_bytes, middlewares=[json_errors]
+        )
         app.on_startup.append(self.start)
         app.on_cleanup.append(self.stop)
         app.add_routes(
@@ -359,6 +361,30 @@ class Controller:
             ]
         )
         return app
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
+    """Every refusal is JSON with an ``error`` that says what was wrong, as the handlers' own
+    are: aiohttp's unknown path (404), wrong method (405) and body too large (413) included.
+    A handler that raises is logged with its traceback and answered 500, never a hang."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        what = {
+            404: f"no such endpoint: {request.path} (see docs/controller.md)",
+            405: f"{request.method} is not allowed on {request.path}",
+            413: "request body larger than controller.max_request_bytes allows",
+        }.get(exc.status, exc.reason)
+        headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
+        return web.json_response({"error": what}, status=exc.status, headers=headers)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return web.json_response({"error": "internal error; see the controller's log"}, status=500)
 
 
 def _int(text: str | None, default: int) -> int:

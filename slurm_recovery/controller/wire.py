@@ -75,7 +75,14 @@ def parse_event(raw: Any, where: str, source: str) -> Evidence:
         raise WireError(f"{where}.payload: must be an object")
     if _depth(payload) > MAX_DEPTH:
         raise WireError(f"{where}.payload: nested deeper than {MAX_DEPTH} levels")
-    if len(json.dumps(payload, separators=(",", ":"))) > MAX_PAYLOAD_BYTES:
+    try:  # what the store will write: UTF-8 JSON, so no lone surrogates and no NaN
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise WireError(f"{where}.payload: a string holds a lone surrogate (not Unicode)") from None
+    except ValueError:
+        raise WireError(f"{where}.payload: NaN and Infinity are not JSON numbers") from None
+    if size > MAX_PAYLOAD_BYTES:
         raise WireError(f"{where}.payload: larger than {MAX_PAYLOAD_BYTES} bytes")
     try:
         return Evidence(

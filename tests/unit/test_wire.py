@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from slurm_recovery.controller.wire import (
     MAX_DEPTH,
     MAX_EVENTS,
+    MAX_PAYLOAD_BYTES,
     WireError,
     event_to_json,
     parse_batch,
@@ -113,3 +114,24 @@ def test_limits():
         parse_batch(b"\xff\x00", source="hook")
     with pytest.raises(WireError, match=re.escape('{"events": [...]}')):
         parse_batch(b'{"events": [], "extra": 1}', source="hook")
+
+
+@pytest.mark.parametrize(
+    ("payload", "words"),
+    [
+        ('{"m":"\\ud800"}', "lone surrogate"),
+        ('{"m":NaN}', "NaN and Infinity"),
+        ('{"m":[1,-Infinity]}', "NaN and Infinity"),
+    ],
+)
+def test_a_payload_the_store_could_not_write_as_utf8_json_is_refused(payload, words):
+    body = f'{{"events":[{{"kind":"xid","observed_at":1.7e9,"payload":{payload}}}]}}'
+    with pytest.raises(WireError, match=words):
+        parse_batch(body.encode(), "sidecar")
+
+
+def test_the_payload_limit_counts_utf8_bytes():
+    text = "é" * (MAX_PAYLOAD_BYTES // 2)  # fits in characters, not in bytes
+    body = json.dumps({"events": [{"kind": "xid", "observed_at": 1.7e9, "payload": {"m": text}}]})
+    with pytest.raises(WireError, match="larger than"):
+        parse_batch(body.encode(), "sidecar")
