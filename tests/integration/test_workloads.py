@@ -501,3 +501,17 @@ def test_every_rank_reports_progress_through_the_api(stack, sched, jobs):
             seen.setdefault(payload.get("rank"), set()).add(e.evidence.node)
     expected = {r: {job.rank_node(r)} for r in range(job.case.nodes)}
     assert seen == expected, f"file progress by rank -> nodes: {seen}{context(job)}"
+
+    def last_reports() -> dict[int, dict]:
+        """Each rank's latest file report: its end record, written at exit, once it arrived."""
+        last = {}
+        for e in evidence(stack, job.job_id, "progress"):
+            if e.evidence.payload.get("origin") == "file":
+                last[e.evidence.payload["rank"]] = e.evidence.payload
+        return last
+
+    ended = wait_for(
+        lambda: (last := last_reports()) and all(p.get("done") is True for p in last.values()),
+        timeout=20,
+    )
+    assert ended and all(p["step"] == 20 for p in last_reports().values()), last_reports()
