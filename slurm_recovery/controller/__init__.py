@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import stat
 import sys
 import time
 from pathlib import Path
@@ -17,6 +18,45 @@ from slurm_recovery.config import ConfigError, load_config, split_host_port
 from slurm_recovery.options import config_option
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class UnsafeStateError(Exception):
+    """The store's file or directory can be changed by users other than the controller's."""
+
+
+def check_state_permissions(db: Path) -> list[str]:
+    """Refuse a store others could write (whoever can write it can forge evidence, advice
+    and the audit trail, which the hash chain would only detect afterwards); warnings for a
+    store others can read (it holds job names, node reasons and log lines)."""
+    warnings = []
+    folder = db.parent
+    try:
+        dst = folder.stat()
+    except FileNotFoundError:
+        return []  # the store creates it (tmpfiles.d makes it 0750 in the packages)
+    if dst.st_mode & stat.S_IWOTH and not dst.st_mode & stat.S_ISVTX:
+        raise UnsafeStateError(
+            f"store.path {db}: its directory {folder} is world-writable (mode "
+            f"{stat.S_IMODE(dst.st_mode):04o}): any user could replace the audit trail; "
+            f"fix: chmod 0750 {folder}"
+        )
+    for path in (db, db.with_name(db.name + "-wal")):
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_mode & stat.S_IWOTH:
+            raise UnsafeStateError(
+                f"store.path {path}: world-writable (mode {stat.S_IMODE(st.st_mode):04o}): any "
+                f"user could forge evidence and advice; fix: chmod 0640 {path}"
+            )
+        if st.st_mode & stat.S_IROTH and dst.st_mode & stat.S_IXOTH:
+            warnings.append(
+                f"store.path {path}: readable by every user (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}); it holds job names, node reasons and log "
+                f"lines: chmod 0640 {path} or chmod o-rx {folder}"
+            )
+    return warnings
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -42,6 +82,12 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
     from slurm_recovery.controller.service import Controller
     from slurm_recovery.controller.tls import TLSConfigError, server_context
 
+    try:
+        for warning in check_state_permissions(config.store.path):
+            logging.getLogger("srecovery.controller").warning("%s", warning)
+    except UnsafeStateError as exc:
+        click.echo(f"srecovery-controller: cannot start: {exc}", err=True)
+        sys.exit(2)
     tls = None
     if config.controller.tls_cert:
         try:
