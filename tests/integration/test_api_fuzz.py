@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import sqlite3
 import tempfile
 import time
@@ -27,8 +28,9 @@ from tests.conftest import _free_port_block
 
 pytestmark = pytest.mark.cluster
 
+#: Examples per fuzz test: 150 in CI; a longer run: SRECOVERY_FUZZ_EXAMPLES=5000 pytest ...
 FUZZ = settings(
-    max_examples=150,
+    max_examples=int(os.environ.get("SRECOVERY_FUZZ_EXAMPLES", "150")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
