@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from slurm_recovery.cli import EXIT_USAGE, cli
-from tests.conftest import _free_port_block
 
 pytestmark = pytest.mark.cluster
 
@@ -39,28 +36,3 @@ def test_bad_config_names_the_key(tmp_path):
     result = CliRunner().invoke(cli, ["--config", str(config), "config", "check"], obj={})
     assert result.exit_code == EXIT_USAGE
     assert "scheduler.backend" in result.output and "slurmrest" in result.output
-
-
-def test_demo_refuses_a_base_munged_cannot_reach(tmp_path):
-    private = tmp_path / "private"
-    private.mkdir(mode=0o700)
-    result = CliRunner().invoke(cli, ["demo", "--base", str(private / "demo")], obj={})
-    assert result.exit_code == 1
-    assert "munged runs as user munge and cannot reach" in result.output
-
-
-def test_demo_recovers_a_job_end_to_end(local_cluster):
-    base = Path(tempfile.mkdtemp(prefix="srecovery-demo-"))
-    base.chmod(0o755)
-    port = _free_port_block(5, start=local_cluster.port_base + 200)
-    result = CliRunner().invoke(
-        cli, ["demo", "--base", str(base), "--port-base", str(port)], obj={}
-    )
-    assert result.exit_code == 0, result.output
-    out = result.output
-    assert "failure -> running again" in out
-    assert "attempt 0 on" in out and "attempt 1 on" in out
-    resumed = next(line for line in out.splitlines() if "attempt 1 on" in line)
-    assert "resuming from step 0" not in resumed
-    assert "resumed from its checkpoint on healthy nodes" in out
-    assert "cluster stopped" in out
