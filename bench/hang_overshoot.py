@@ -1,6 +1,6 @@
 """How long after its deadline a hung training job is declared hung, on the real local stack.
 
-    .venv/bin/python bench/hang_overshoot.py --trials 5
+    .venv/bin/python bench/hang_overshoot.py --trials 5 [--quick] [--json FILE]
 
 Brings up ``srecovery dev up --mode act`` with a short hang policy (floor 3 s, ceiling 20 s,
 3 x the job's own step interval), then per trial runs a 2-node job that prints Megatron-style
@@ -21,20 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support import job_incidents, milestone_times, wait
+from report import write_json
+from support import HANG_POLICY, hang_overshoot, hang_training_script, job_incidents, wait
 
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.client import ControllerClient
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
-
-POLICY = '\n[hang]\nfloor = "3s"\nceiling = "20s"\ninterval_multiple = 3.0\nstartup_grace = "1m"\n'
-TRAINING = """#!/bin/bash
-for i in $(seq 1 12); do
-  echo " iteration $i/ 1000 | consumed samples: $((i * 8)) | lm loss: 2.5E+00 |"
-  sleep 0.5
-done
-sleep 600
-"""
 
 
 def main() -> int:
@@ -43,9 +35,17 @@ def main() -> int:
     parser.add_argument("--base", type=Path, default=Path("/tmp/srecovery-bench-hang"))
     parser.add_argument("--port-base", type=int, default=17500)
     parser.add_argument("--api-port", type=int, default=17965)
+    parser.add_argument("--quick", action="store_true", help="one trial (for CI)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    if args.quick:
+        args.trials = 1
     stack = devstack.up(
-        args.base, mode="act", port_base=args.port_base, api_port=args.api_port, policy_extra=POLICY
+        args.base,
+        mode="act",
+        port_base=args.port_base,
+        api_port=args.api_port,
+        policy_extra=HANG_POLICY,
     )
     sched = ScontrolScheduler(timeout=10, slurm_conf=str(stack.cluster.slurm_conf))
     client = ControllerClient(stack.url, munge_socket=str(stack.cluster.munge_socket))
@@ -53,7 +53,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="srecovery-hang-"))
     work.chmod(0o755)
     script = work / "train.sh"
-    script.write_text(TRAINING)
+    script.write_text(hang_training_script())
     overshoots = []
     try:
         for trial in range(1, args.trials + 1):
@@ -69,8 +69,7 @@ def main() -> int:
             )
             wait(lambda j=job_id: sched.get_job(j).restart_count == 1)
             story = wait(lambda j=job_id: job_incidents(client, j))[0]
-            m = milestone_times(story)
-            overshoot = m["detected"] - m["failure"]
+            overshoot = hang_overshoot(story)
             overshoots.append(overshoot)
             print(
                 f"trial {trial}: job {job_id} {story['kind']}: {story['advice']['reason']}; "
@@ -85,6 +84,16 @@ def main() -> int:
         f"\nhang overshoot past the deadline: p50 {statistics.median(overshoots):.2f} s, "
         f"max {max(overshoots):.2f} s ({len(overshoots)} trials)"
     )
+    figures = {
+        "overshoot_s": {
+            "p50": round(statistics.median(overshoots), 3),
+            "max": round(max(overshoots), 3),
+            "all": [round(x, 3) for x in overshoots],
+        },
+        "trials": len(overshoots),
+        "policy": {"floor_s": 3, "ceiling_s": 20, "interval_multiple": 3.0},
+    }
+    write_json(args.json, "hang_overshoot", figures, args.quick)
     return 0
 
 

@@ -1,11 +1,13 @@
-"""What the benchmarks that drive a dev stack share: waiting for a condition, and reading a
-job's incidents and milestone times from the controller."""
+"""What the benchmarks that drive a dev stack share: waiting for a condition, reading a job's
+incidents and milestone times from the controller, quantiles, and the hang workload."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_recovery.client import ClientError, ControllerClient
@@ -38,3 +40,48 @@ def job_incidents(client: ControllerClient, job_id: int) -> list[dict[str, Any]]
 def milestone_times(story: dict[str, Any]) -> dict[str, float]:
     """An incident story's milestones as epoch seconds."""
     return {k: datetime.fromisoformat(v).timestamp() for k, v in story["milestones"].items()}
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    """p50 (the median), p95 (nearest rank), max and n of ``values``; {"n": 0} when empty."""
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {"p50": statistics.median(ordered), "p95": p95, "max": ordered[-1], "n": len(ordered)}
+
+
+# --- the hang workload (bench/hang_overshoot.py, bench/recovery_latency.py) ----------------
+
+#: A hang policy for a job that steps every 0.5 s: its deadline is the 3 s floor.
+HANG_POLICY = (
+    '\n[hang]\nfloor = "3s"\nceiling = "20s"\ninterval_multiple = 3.0\nstartup_grace = "1m"\n'
+)
+
+
+def hang_training_script(steps: int = 12, stamp_dir: Path | None = None) -> str:
+    """A batch script that prints Megatron-style iteration lines every 0.5 s for ``steps``
+    steps, then stops stepping (hangs in ``sleep 600``). With ``stamp_dir``, each step also
+    writes its time (epoch seconds) to ``<stamp_dir>/progress-<job>-<restart count>``: after
+    the hang, the file holds the time of the last progress."""
+    stamp = ""
+    if stamp_dir is not None:
+        stamp = (
+            f'  date +%s.%N > "{stamp_dir}/progress-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}"\n'
+        )
+    return (
+        "#!/bin/bash\n"
+        f"for i in $(seq 1 {steps}); do\n"
+        '  echo " iteration $i/ 1000 | consumed samples: $((i * 8)) | lm loss: 2.5E+00 |"\n'
+        f"{stamp}"
+        "  sleep 0.5\n"
+        "done\n"
+        "sleep 600\n"
+    )
+
+
+def hang_overshoot(story: dict[str, Any]) -> float:
+    """How long after its deadline a hang incident was recorded: for a hang the controller's
+    ``failure`` milestone is the moment the no-progress deadline passed."""
+    m = milestone_times(story)
+    return m["detected"] - m["failure"]
