@@ -16,6 +16,7 @@ flight, deliver what the controller will take within a few seconds, exit 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -492,7 +493,15 @@ def main(config_path: Path | None, node: str | None, once: bool, insecure_no_aut
         ca_file=config.client.ca_file or None,
     )
     sender = Sender(outbox, client, node, side.batch_max_events)
-    registry = build(side, node, spool_dir, config.hooks.job_dir)
+    from slurm_recovery.sidecar.sources.joblog import slurm_output_paths
+
+    ask_slurm = functools.partial(
+        slurm_output_paths,
+        slurm_conf=config.scheduler.slurm_conf,
+        bin_dir=config.scheduler.slurm_bin_dir,
+        timeout=config.scheduler.command_timeout,
+    )
+    registry = build(side, node, spool_dir, config.hooks.job_dir, ask_slurm)
     sidecar = Sidecar(
         node,
         registry,

@@ -77,10 +77,16 @@ def open_gpu_backend(sidecar: SidecarConfig, node: str) -> Any:
 
 
 def build(
-    sidecar: SidecarConfig, node: str, spool_dir: Path, job_dir: str | Path | None = None
+    sidecar: SidecarConfig,
+    node: str,
+    spool_dir: Path,
+    job_dir: str | Path | None = None,
+    resolve_paths: Callable[[int], dict[str, str]] | None = None,
 ) -> Registry:
     """Open every source ``sidecar`` asks for, for ``node``; state files go to ``spool_dir``.
-    ``job_dir``: ``hooks.job_dir``, where the jobs' progress files are (None: not followed)."""
+    ``job_dir``: ``hooks.job_dir``, where the jobs' progress files are (None: not followed).
+    ``resolve_paths``: job id -> its output files as slurmctld shows them, for the jobs whose
+    hooks could not name them (None: those jobs' output is not followed)."""
     registry = Registry()
 
     def attempt(name: str, make: Callable[[], Source | None]) -> Source | None:
@@ -104,7 +110,7 @@ def build(
     if sidecar.ib_sysfs:
         attempt("infiniband", lambda: load(INFINIBAND_SOURCE)(sidecar.ib_sysfs))
     attempt("hook_spool", lambda: SpoolSource(HookSpool(spool_dir), node))
-    attempt("joblog", lambda: load(JOBLOG_SOURCE)(node))
+    attempt("joblog", lambda: load(JOBLOG_SOURCE)(node, resolve_paths))
     if job_dir is not None:
         attempt("progressfile", lambda: load(PROGRESSFILE_SOURCE)(node, str(job_dir)))
     return registry

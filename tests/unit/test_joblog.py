@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 
 from slurm_recovery.sidecar.base import Finding
 from slurm_recovery.sidecar.sources import joblog
@@ -327,3 +329,106 @@ def test_a_fifo_or_a_device_as_output_is_never_read(tmp_path):
     assert source.poll(1.0) == []  # returns at once: a FIFO without a writer does not block
     end(source)
     assert source.poll(2.0) == [] and source.jobs == {}
+
+
+class SlurmAnswers:
+    """Stands in for ``scontrol show job -o``: the paths slurmctld shows, per job."""
+
+    def __init__(self, paths: dict[int, dict[str, str]] | Exception) -> None:
+        self.paths = paths
+        self.asked: list[int] = []
+
+    def __call__(self, job_id: int) -> dict[str, str]:
+        self.asked.append(job_id)
+        if isinstance(self.paths, Exception):
+            raise self.paths
+        return self.paths[job_id]
+
+
+def started(source: JobLogSource, job_id: int, restart_count: int = 0, **paths: str) -> None:
+    payload = {"nodes": ["n1", "n2"], "restart_count": restart_count, **paths}
+    source.see([Finding("job_start", 1.0, job_id=job_id, payload=payload)])
+
+
+def wait_answered(source: JobLogSource, job_id: int, now: float = 100.0) -> list[Finding]:
+    found = []
+    for _ in range(200):
+        found += source.poll(now)
+        if source.jobs[job_id].asked is None:
+            return found
+        time.sleep(0.01)
+    raise AssertionError("no answer taken")
+
+
+def test_the_default_output_is_asked_of_slurm_and_followed_from_its_start(tmp_path):
+    out = tmp_path / "slurm-7.out"  # the default: the hooks get no path for it
+    out.write_text(line(1) + line(2))  # written before the answer came: still the job's
+    slurm = SlurmAnswers({7: {"stdout": str(out), "stderr": str(out)}})
+    source = JobLogSource("n1", resolve=slurm)
+    started(source, 7)
+    found = wait_answered(source, 7)
+    assert slurm.asked == [7]
+    assert [s.path for s in source.jobs[7].streams] == [str(out)]  # one file, followed once
+    assert [f.payload["step"] for f in found if f.kind == "progress"] == [2]
+
+
+def test_a_job_name_in_the_path_is_filled_by_slurm(tmp_path):
+    hooks_gave = str(tmp_path / "%x-8.out")
+    real = tmp_path / "train-8.out"
+    slurm = SlurmAnswers({8: {"stdout": str(real)}})
+    source = JobLogSource("n1", resolve=slurm)
+    started(source, 8, stdout=hooks_gave, stdout_offset=0)
+    wait_answered(source, 8)
+    assert [s.path for s in source.jobs[8].streams] == [str(real)]
+    assert source.jobs[8].streams[0].offset == 0
+
+
+def test_a_file_that_may_hold_earlier_output_is_followed_from_its_size(tmp_path):
+    shared = tmp_path / "train.log"  # no job id in the name: another job's lines may be there
+    shared.write_text("RuntimeError: an earlier job's failure\n")
+    requeued = tmp_path / "slurm-9.out"  # the job's own file, but a later attempt (append mode)
+    requeued.write_text("RuntimeError: the first attempt's failure\n")
+    slurm = SlurmAnswers({5: {"stdout": str(shared)}, 9: {"stdout": str(requeued)}})
+    source = JobLogSource("n1", resolve=slurm)
+    started(source, 5, stdout=str(tmp_path / "%x.log"))
+    started(source, 9, restart_count=1)
+    wait_answered(source, 5)
+    wait_answered(source, 9)
+    assert source.jobs[5].streams[0].offset == shared.stat().st_size
+    assert source.jobs[9].streams[0].offset == requeued.stat().st_size
+
+
+def test_slurm_not_answering_leaves_the_job_unfollowed_and_says_so(tmp_path, caplog):
+    slurm = SlurmAnswers(OSError("slurm_load_jobs error: Unable to contact slurm controller"))
+    source = JobLogSource("n1", resolve=slurm)
+    started(source, 7)
+    with caplog.at_level(logging.WARNING):
+        assert wait_answered(source, 7) == []
+    assert source.jobs[7].streams == []
+    assert "cannot learn its output files from Slurm" in caplog.text
+    source.see([Finding("job_end", 2.0, job_id=7, payload={})])
+    assert source.poll(101.0) == [] and source.jobs == {}
+
+
+def test_a_job_that_ends_before_the_answer_is_read_whole(tmp_path):
+    out = tmp_path / "slurm-7.out"
+    out.write_text(line(3) + "KeyError: 'sample_7'\n")
+    gate = threading.Event()
+
+    def slow(job_id: int) -> dict[str, str]:
+        gate.wait(2)
+        return {"stdout": str(out)}
+
+    source = JobLogSource("n1", resolve=slow)
+    started(source, 7)
+    source.see([Finding("job_end", 2.0, job_id=7, payload={})])
+    threading.Timer(0.2, gate.set).start()
+    found = source.poll(101.0)  # waits for the answer, then reads the rest
+    assert {f.kind for f in found} == {"progress", "log_signature"}
+
+
+def test_without_a_resolver_only_the_paths_the_hooks_gave_are_followed(tmp_path):
+    source = JobLogSource("n1")
+    started(source, 7)
+    started(source, 8, stdout=str(tmp_path / "%x-8.out"))
+    assert source.poll(100.0) == [] and source.jobs == {}

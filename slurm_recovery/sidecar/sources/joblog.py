@@ -26,15 +26,25 @@ keeps at most about ``MAX_PARTIAL`` bytes of a line that has not ended. The
 follower is, up to ``END_READ_LIMIT`` bytes per file; beyond that the middle is skipped (and
 logged) so the end of the log is always read. Lines past ``READ_LIMIT`` at job end are scanned
 for signatures only, and progress is read from the last block.
+
+The node hooks cannot always name the files: Slurm gives them no path for the default output
+(``slurm-%j.out``), and no job name for ``%x`` (``-o logs/%x-%j.out``, common in training
+scripts). For those jobs the follower asks slurmctld once (``scontrol show job -o``, which
+shows both paths expanded), on a thread of its own so the fast loop never waits on Slurm, and
+follows the files from when the answer comes: from the start for a job's first attempt whose
+file name holds its job id (the file is its own), else from the size then.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
+import subprocess
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +65,36 @@ END_READ_LIMIT = 256 * 1024 * 1024
 #: A line longer than this that has not ended (a progress bar redrawn with carriage returns
 #: for hours) is read up to its last carriage return, so memory stays bounded.
 MAX_PARTIAL = 1024 * 1024
+#: A specifier the node hooks could not fill (``%x``: the job name) left in a path.
+_UNFILLED = re.compile(r"%[0-9]*[A-Za-z]")
+#: Seconds the follower waits at job end for slurmctld's answer about the job's paths.
+RESOLVE_WAIT = 5.0
+
+
+def slurm_output_paths(
+    job_id: int, *, slurm_conf: str = "", bin_dir: str = "", timeout: float = 10.0
+) -> dict[str, str]:
+    """The job's ``stdout``/``stderr`` paths as slurmctld expanded them (``scontrol show job
+    -o``); raises OSError (or subprocess.TimeoutExpired) when Slurm cannot say."""
+    env = dict(os.environ)
+    if slurm_conf:
+        env["SLURM_CONF"] = slurm_conf
+    scontrol = os.path.join(bin_dir, "scontrol") if bin_dir else "scontrol"
+    proc = subprocess.run(
+        [scontrol, "show", "job", "-o", str(job_id)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    if proc.returncode != 0:
+        raise OSError((proc.stderr or proc.stdout).strip() or f"scontrol exit {proc.returncode}")
+    paths = {}
+    for key, name in (("StdOut", "stdout"), ("StdErr", "stderr")):
+        found = re.search(rf"(?:^|\s){key}=(\S+)", proc.stdout)
+        if found and found.group(1).startswith("/"):
+            paths[name] = found.group(1)
+    return paths
 
 
 @dataclass
@@ -86,6 +126,8 @@ class _Followed:
     ending: bool = False
     #: per job: its own pattern (--recovery-progress), and its own count of counted steps
     parser: ProgressLineParser = field(default_factory=ProgressLineParser)
+    #: slurmctld's answer about the paths, while it is awaited (the hooks could not name them)
+    asked: Future[dict[str, str]] | None = None
 
 
 def _parser(job_id: int, payload: Mapping[str, Any]) -> ProgressLineParser:
@@ -107,8 +149,12 @@ class JobLogSource:
     name = "joblog"
     fast = True
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, resolve: Callable[[int], dict[str, str]] | None = None) -> None:
+        """``resolve``: job id -> the paths slurmctld shows (:func:`slurm_output_paths`, as
+        the daemon passes it); None: never ask, follow only the paths the hooks gave."""
         self.node = node
+        self.resolve = resolve
+        self._asker: ThreadPoolExecutor | None = None
         self.jobs: dict[int, _Followed] = {}
         #: the next attempt of a job whose previous attempt is still being finished
         self.next_attempt: dict[int, _Followed] = {}
@@ -151,10 +197,19 @@ class JobLogSource:
         for known in (current, self.next_attempt.get(job_id)):
             if known is not None and not known.ending and known.restart_count == count:
                 return  # the same attempt's job_start again
-        streams = _streams(payload)
-        if not streams:
+        streams = [s for s in _streams(payload) if not _UNFILLED.search(s.path)]
+        asked = None
+        if self.resolve is not None and (
+            not payload.get("stdout")
+            or len(streams) < len([k for k in ("stdout", "stderr") if payload.get(k)])
+        ):
+            asked = self._ask(job_id)
+            streams = []  # all from Slurm's answer: it names both files
+        if not streams and asked is None:
             return
-        job = _Followed(job_id, streams, restart_count=count, parser=_parser(job_id, payload))
+        job = _Followed(
+            job_id, streams, restart_count=count, parser=_parser(job_id, payload), asked=asked
+        )
         if current is None:
             self.jobs[job_id] = job
             return
@@ -165,10 +220,37 @@ class JobLogSource:
                     old.stop = new.offset
         self.next_attempt[job_id] = job
 
+    def _ask(self, job_id: int) -> Future[dict[str, str]]:
+        if self._asker is None:
+            self._asker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="joblog-paths")
+        assert self.resolve is not None
+        return self._asker.submit(self.resolve, job_id)
+
+    def _answered(self, job: _Followed, wait: float = 0.0) -> None:
+        """Take slurmctld's answer about the job's paths once it came (``wait``: at most that
+        long for it)."""
+        asked = job.asked
+        if asked is None or (not wait and not asked.done()):
+            return
+        job.asked = None
+        try:
+            paths = asked.result(timeout=wait or None)
+        except Exception as exc:  # Slurm down, job gone, a timeout: this job is not followed
+            log.warning("job %d: cannot learn its output files from Slurm: %s", job.job_id, exc)
+            return
+        own = job.restart_count == 0
+        payload: dict[str, Any] = dict(paths)
+        for name, path in paths.items():  # see the module's docstring
+            if own and str(job.job_id) in os.path.basename(path):
+                payload[f"{name}_offset"] = 0
+        job.streams = _streams(payload)
+        log.info("job %d: following %s (paths from Slurm)", job.job_id, ", ".join(paths.values()))
+
     def poll(self, now: float) -> list[Finding]:
         self._take_events()
         out: list[Finding] = []
         for job in list(self.jobs.values()):
+            self._answered(job, RESOLVE_WAIT if job.ending else 0.0)
             if job.ending:
                 out += self._finish(job, now)
                 del self.jobs[job.job_id]
@@ -357,6 +439,8 @@ class JobLogSource:
     def close(self) -> None:
         self.jobs.clear()
         self.next_attempt.clear()
+        if self._asker is not None:
+            self._asker.shutdown(wait=False, cancel_futures=True)
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -1,0 +1,35 @@
+"""The job-log follower learns the output files the hooks cannot name from the real slurmctld
+(``scontrol show job -o``): the default ``slurm-%j.out`` and a ``%x`` (job name) pattern."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from slurm_recovery.sidecar.sources.joblog import slurm_output_paths
+
+pytestmark = pytest.mark.cluster
+
+
+def test_slurm_names_the_default_and_the_job_name_paths(local_cluster, submit):
+    work = Path(tempfile.mkdtemp(prefix="srecovery-paths-"))
+    work.chmod(0o755)
+    conf = str(local_cluster.slurm_conf)
+    default = submit("--chdir", str(work), "--wrap", "sleep 30")
+    named = submit("-J", "train", "-o", f"{work}/logs-%x-%j.out", "--wrap", "sleep 30")
+    split = submit("-o", f"{work}/o-%j.out", "-e", f"{work}/e-%j.err", "--wrap", "sleep 30")
+    assert slurm_output_paths(default, slurm_conf=conf) == {
+        "stdout": f"{work}/slurm-{default}.out",
+        "stderr": f"{work}/slurm-{default}.out",
+    }
+    assert slurm_output_paths(named, slurm_conf=conf)["stdout"] == (
+        f"{work}/logs-train-{named}.out"
+    )
+    assert slurm_output_paths(split, slurm_conf=conf) == {
+        "stdout": f"{work}/o-{split}.out",
+        "stderr": f"{work}/e-{split}.err",
+    }
+    with pytest.raises(OSError, match="Invalid job id"):
+        slurm_output_paths(99_999_999, slurm_conf=conf)
