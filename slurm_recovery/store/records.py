@@ -54,10 +54,41 @@ class Evidence:
         check_optional_int(self.job_id, "Evidence.job_id", minimum=1)
         payload_json = check_payload(self.payload, "Evidence.payload")
         object.__setattr__(self, "payload", json.loads(payload_json))
+        object.__setattr__(self, "_payload_json", payload_json)
+
+    @classmethod
+    def stored(
+        cls,
+        source: str,
+        kind: str,
+        observed_at: float,
+        node: str | None,
+        gpu: int | None,
+        attempt_id: int | None,
+        payload_json: str,
+        job_id: int | None,
+    ) -> Evidence:
+        """Evidence read back from the store: checked when it was written, so not checked
+        (nor its payload re-encoded) again; reading a window of evidence stays cheap."""
+        evidence = object.__new__(cls)
+        for name, value in (
+            ("source", source),
+            ("kind", kind),
+            ("observed_at", observed_at),
+            ("node", node),
+            ("gpu", gpu),
+            ("attempt_id", attempt_id),
+            ("payload", json.loads(payload_json)),
+            ("job_id", job_id),
+            ("_payload_json", payload_json),
+        ):
+            object.__setattr__(evidence, name, value)
+        return evidence
 
     @property
     def payload_json(self) -> str:
-        return check_payload(self.payload, "Evidence.payload")
+        """The payload as the store writes it (canonical JSON), computed once."""
+        return self._payload_json  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)

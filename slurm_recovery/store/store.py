@@ -448,14 +448,21 @@ class Store:
         since: float | None = None,
         until: float | None = None,
         limit: int = 10_000,
+        skip_kinds: Iterable[str] = (),
     ) -> list[EvidenceRecord]:
-        """Evidence observed in ``[since, until]`` for a node, attempt and/or job, oldest first."""
+        """Evidence observed in ``[since, until]`` for a node, attempt and/or job, oldest first,
+        except ``skip_kinds`` (e.g. ``sidecar_status``: the bulk of the evidence of a large
+        cluster, which no decision reads)."""
         clauses, args = [], []
         for column, value in (("node", node), ("attempt_id", attempt_id), ("job_id", job_id)):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 args.append(value)
         _time_range("observed_at", since, until, clauses, args)
+        skip = sorted({check_text(k, "skip_kinds[]") for k in skip_kinds})
+        if skip:
+            clauses.append(f"kind NOT IN ({','.join('?' * len(skip))})")
+            args.extend(skip)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         check_int(limit, "limit", minimum=1)
         with self._tx(write=False) as conn:
@@ -1320,7 +1327,7 @@ def _attempt(row: Sequence[Any]) -> AttemptRecord:
 
 def _evidence(row: Sequence[Any]) -> EvidenceRecord:
     evidence_id, received_at, source, kind, observed_at, node, gpu, attempt_id, payload, job = row
-    evidence = Evidence(source, kind, observed_at, node, gpu, attempt_id, _loads(payload), job)
+    evidence = Evidence.stored(source, kind, observed_at, node, gpu, attempt_id, payload, job)
     return EvidenceRecord(evidence_id, received_at, evidence)
 
 

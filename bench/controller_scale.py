@@ -1,0 +1,850 @@
+"""Controller scale: one controller process under simulated sidecars, 100 to 10,000 nodes.
+
+    .venv/bin/python bench/controller_scale.py [--json PATH]      # N = 100, 1,000, 10,000
+    .venv/bin/python bench/controller_scale.py --quick            # N = 100, 1,000; ~35 s (CI)
+
+No thresholds are asserted (the target is one core and p99 < 100 ms at 10,000 nodes); every
+figure printed is measured in the run. Root, Slurm and munge installed (as the local cluster).
+
+What runs, all real and on this host: munged, a slurmctld whose slurm.conf defines the largest
+N nodes (2 with a slurmd, the rest defined only: no slurmd), and the controller started as
+``srecovery dev up`` starts it (``python -m slurm_recovery.controller``, MUNGE on, monitor
+mode, production loop interval). For each N, with a fresh store:
+
+- a load generator (a separate process, raw asyncio) sends, for each of N nodes, one request
+  every ``--period`` seconds carrying the event the sidecar sends periodically: the
+  ``sidecar_status`` event of a real :class:`~slurm_recovery.sidecar.daemon.Sidecar` with 8
+  simulated GPUs (queue, sources, delivery, per-GPU telemetry), and ``--job-rate`` hook
+  events per second (``job_start``/``job_end`` built by the real prolog/epilog code and taken
+  from the sidecar's hook spool), each in its own request as the sidecar sends them. (A
+  healthy node's sidecar sends its status every 60 s and GPU findings only when they change:
+  the default 10 s period is the target's, six times what a real sidecar sends.) The wire
+  bytes are the sidecar's: urllib's request (``Connection: close``, one TCP connection per
+  request), the compact JSON body of ``ControllerClient.post_evidence``, and a real MUNGE
+  credential per request bound to that body (``Authorization: MUNGE``), encoded before the
+  measured window (a sidecar encodes on its own node; the controller decodes every one of
+  them in the window, as in production). The schedule is open-loop: a slow answer does not
+  delay the next request.
+- measured over the window: the rate of accepted events, latency from the start of the
+  request (connect) to the end of the answer (p50/p99/max), the CPU of the controller process
+  (fraction of one core, from /proc; its Slurm commands counted apart), its RSS, the CPU of
+  munged (it decodes the credentials), slurmctld and the generator, the time the controller's
+  threads were runnable but waiting for a CPU (this machine is shared: read the CPU and latency
+  figures with it and the load average), and the store's growth (bytes per event, per
+  simulated day). ``--profile DIR`` also samples the controller with py-spy (if installed).
+
+Then the time to decide an incident on the largest cluster: an XID 79 on a running job's node,
+posted as that node's sidecar, to the incident's ``detected`` and ``advised`` milestones, under
+the load of the largest N and idle; and what one pass of the loop spends on that cluster
+(reading its nodes with ``sinfo --json``, reading the last hour of evidence).
+
+Base directory /tmp/srecovery-scale, ports 18000-18999 (options). Stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psutil
+
+from slurm_recovery import devstack, localcluster
+
+SLURMD_NODES = 2  # n1, n2 run a slurmd (the decide phase runs its jobs there)
+PHANTOM_PORT_OFFSET = 999  # every node without a slurmd "listens" on port_base + 999
+FALLEN_OFF = "GPU has fallen off the bus."
+
+
+# --------------------------------------------------------------------------------- helpers
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+
+    def q(p: float) -> float:
+        return ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
+
+    return {
+        "n": len(ordered),
+        "p50": statistics.median(ordered),
+        "p99": q(0.99),
+        "max": ordered[-1],
+    }
+
+
+def cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of ``pid`` (itself, and its reaped children) from /proc."""
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return {"self": 0.0, "children": 0.0}
+    return {"self": t.user + t.system, "children": t.children_user + t.children_system}
+
+
+def cpu_wait(pid: int) -> float:
+    """Seconds the threads of ``pid`` spent runnable but waiting for a CPU (schedstat): how
+    much the other processes on this shared machine held the controller back."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[1])
+    return total / 1e9
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        return psutil.Process(pid).memory_info().rss / 2**20
+    except psutil.Error:
+        return 0.0
+
+
+def db_usage(path: Path) -> tuple[int, int]:
+    """(bytes in use by the database, including pages still in the WAL; evidence rows)."""
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=10)
+    try:
+        conn.execute("BEGIN")
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+        rows = conn.execute("SELECT COALESCE(MAX(id), 0) FROM evidence").fetchone()[0]
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return (pages - free) * size, rows
+
+
+# --------------------------------------------------------------------------------- the stack
+
+
+class Stack:
+    """munged + slurmctld (``nodes`` defined, SLURMD_NODES running) + one controller."""
+
+    def __init__(self, base: Path, nodes: int, port_base: int, api_port: int) -> None:
+        self.base = base
+        self.nodes = nodes
+        self.api_port = api_port
+        self.url = f"http://127.0.0.1:{api_port}"
+        host = socket.gethostname()
+        self.spec = localcluster.ClusterSpec(
+            base=base / "cluster", nodes=SLURMD_NODES, port_base=port_base, name="srscale"
+        )
+        if nodes > SLURMD_NODES:
+            first = SLURMD_NODES + 1
+            self.spec.extra_conf = [
+                f"NodeName=n[{first}-{nodes}] NodeHostname={host} NodeAddr=127.0.0.1 "
+                f"Port={port_base + PHANTOM_PORT_OFFSET} CPUs=2 RealMemory=1000 State=UNKNOWN",
+                f"PartitionName=big Nodes=n[{first}-{nodes}] MaxTime=INFINITE State=UP",
+            ]
+        self.config = base / "config.toml"
+        self.store = base / "state.db"
+        self.controller = 0
+        self.launcher: Path | None = None
+
+    def up(self) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.base.chmod(0o755)
+        devstack.write_policy(self.base / "policy.toml", "monitor")
+        devstack.write_config(self.base, self.spec, self.api_port)
+        # localcluster waits until every node it knows answers; only SLURMD_NODES ever will.
+        real = localcluster.node_states
+        running = set(self.spec.node_names)
+        localcluster.node_states = lambda spec: {  # type: ignore[assignment]
+            k: v for k, v in real(spec).items() if k in running
+        }
+        try:
+            localcluster.up(self.spec, timeout=120)
+        finally:
+            localcluster.node_states = real  # type: ignore[assignment]
+
+    def start_controller(self) -> None:
+        """A controller with a fresh store; returns once it has made a pass (it then knows
+        every node's addresses, which it checks sidecar credentials against)."""
+        self.stop_controller()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.store}{suffix}").unlink(missing_ok=True)
+        log = self.base / "controller.log"
+        if self.launcher:  # a patched controller, for what-if measurements
+            argv = [sys.executable, str(self.launcher), "--config", str(self.config)]
+            self.controller = localcluster.spawn_daemon(argv, log, dict(os.environ))
+        else:
+            self.controller = devstack.start_controller(self.config, log)
+        devstack.wait_healthy(self.url, timeout=120, pid=self.controller)
+
+    def stop_controller(self) -> None:
+        if self.controller:
+            localcluster.stop_process(self.controller, "slurm_recovery.controller")
+            self.controller = 0
+
+    def down(self) -> None:
+        self.stop_controller()
+        localcluster.down(self.spec.base)
+
+    def env(self) -> dict[str, str]:
+        return localcluster.slurm_env(self.spec)
+
+    def pid(self, name: str) -> int:
+        state = json.loads((self.spec.base / localcluster.STATE_FILE).read_text())
+        return int(state["pids"].get(name, 0))
+
+
+# --------------------------------------------------------------------------------- wire bodies
+
+
+def sidecar_templates(base: Path, config: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The events a real sidecar sends: its ``sidecar_status`` event (8 simulated GPUs) and
+    hook ``job_start``/``job_end`` events as they come out of its hook spool, for node n1."""
+    from slurm_recovery import hooks
+    from slurm_recovery.config import load_config
+    from slurm_recovery.sidecar.daemon import Sidecar
+    from slurm_recovery.sidecar.outbox import Outbox, Sender
+    from slurm_recovery.sidecar.registry import build
+    from slurm_recovery.sidecar.spool import HookSpool, SpoolSource
+
+    cfg = load_config(config)
+    node = "n1"
+    spool = base / "template" / node
+    shutil.rmtree(spool, ignore_errors=True)
+    spool.mkdir(parents=True)
+    registry = build(cfg.sidecar, node, spool, None)
+    outbox = Outbox(spool / "outbox", 1000)
+    sender = Sender(outbox, client=None, node=node)  # type: ignore[arg-type]
+    sidecar = Sidecar(node, registry, outbox, sender, spool, fast_interval=0.2, poll_interval=10.0)
+    now = time.time()
+    sidecar.tick_slow(now)  # the first poll: inventory, so the status has GPU readings
+    status = sidecar.status(now).to_event(node)
+    # Hook events: built by the real prolog/epilog code, spooled, read back by the sidecar.
+    env = {
+        "SLURM_JOB_ID": "1000001",
+        "SLURM_NODELIST": "n[1-4]",
+        "SLURMD_NODENAME": node,
+        "SLURM_JOB_RESTART_COUNT": "0",
+        "SLURM_JOB_PARTITION": "big",
+        "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7",
+        "SLURM_JOB_EXIT_CODE": "0",
+        "SLURM_JOB_EXIT_CODE2": "0:0",
+        "SLURM_JOB_DERIVED_EC": "0:0",
+    }
+    for hook in ("prolog", "epilog"):
+        hooks.spool_event(spool, hooks.build_event(hook, env, now, node=node))
+    source = SpoolSource(HookSpool(spool), node)
+    job_events = [f.to_event(node) for f in source.poll(now)]
+    source.commit()
+    registry.close()
+    outbox.close()
+    if len(job_events) != 2 or "gpus" not in status["payload"]:
+        raise RuntimeError(f"unexpected sidecar events: {status}, {job_events}")
+    return status, job_events
+
+
+def request_bytes(host: str, port: int, body: bytes, authorization: str) -> bytes:
+    """The request as urllib (ControllerClient) writes it."""
+    head = (
+        "POST /v1/evidence HTTP/1.1\r\n"
+        "Accept-Encoding: identity\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        f"Host: {host}:{port}\r\n"
+        f"User-Agent: Python-urllib/{sys.version_info[0]}.{sys.version_info[1]}\r\n"
+        f"Authorization: {authorization}\r\n"
+        "Content-Type: application/json\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+# --------------------------------------------------------------------------------- generator
+
+
+class _Exchange(asyncio.Protocol):
+    """One request on its own connection; done when the server closes it."""
+
+    __slots__ = ("done", "head", "payload")
+
+    def __init__(self, payload: bytes, done: asyncio.Future) -> None:
+        self.payload = payload
+        self.done = done
+        self.head = b""
+
+    def connection_made(self, transport: Any) -> None:
+        transport.write(self.payload)
+
+    def data_received(self, data: bytes) -> None:
+        if len(self.head) < 12:
+            self.head += data
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            if exc is not None:
+                self.done.set_exception(exc)
+            else:
+                self.done.set_result(self.head[9:12])
+
+
+def generate(spec: dict[str, Any]) -> None:
+    """The load generator process: build and sign every request, say "ready", wait for a
+    line on stdin, run the schedule, write the results to spec["out"]."""
+    from slurm_recovery.auth import requests as signing
+
+    host, port = "127.0.0.1", spec["port"]
+    nodes, period, job_rate = spec["nodes"], spec["period"], spec["job_rate"]
+    total = spec["warmup"] + spec["duration"] + spec["tail"]
+    rng = random.Random(1)
+    status, job_events = spec["status"], spec["job_events"]
+
+    def signed(body: bytes, role: str, node: str) -> bytes:
+        headers = signing.sign(
+            "POST", "/v1/evidence", body, role=role, node=node, socket=spec["munge_socket"]
+        )
+        return request_bytes(host, port, body, headers["Authorization"])
+
+    bodies = []
+    for i in range(1, nodes + 1):
+        name = f"n{i}"
+        event = {**status, "node": name}
+        bodies.append((name, json.dumps({"events": [event]}, separators=(",", ":")).encode()))
+    schedule: list[tuple[float, bytes, int]] = []  # (offset, request, events in it)
+    t_build = time.perf_counter()
+    for slot in range(int(total / period) + 1):
+        for i, (name, body) in enumerate(bodies):
+            offset = slot * period + period * i / nodes
+            if offset < total:
+                schedule.append((offset, signed(body, "sidecar", name), 1))
+    job_id = 2_000_000
+    for k in range(int(total * job_rate)):
+        name = f"n{rng.randint(1, nodes)}"
+        template = job_events[k % 2]
+        job_id += k % 2 == 0
+        event = {**template, "node": name, "job_id": job_id}
+        body = json.dumps({"events": [event]}, separators=(",", ":")).encode()
+        schedule.append((k / job_rate, signed(body, "hook", name), 1))
+    schedule.sort(key=lambda item: item[0])
+    build_s = time.perf_counter() - t_build
+    print(f"ready {len(schedule)} {build_s:.2f}", flush=True)
+    sys.stdin.readline()
+
+    results = asyncio.run(_run(schedule, host, port, spec))
+    results["build_s"] = build_s
+    results["requests_built"] = len(schedule)
+    Path(spec["out"]).write_text(json.dumps(results))
+
+
+async def _run(
+    schedule: list[tuple[float, bytes, int]], host: str, port: int, spec: dict[str, Any]
+) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    t0_wall = time.time() + 0.5
+    t0 = loop.time() + 0.5
+    print(f"start {t0_wall:.6f}", flush=True)
+    w0, w1 = spec["warmup"], spec["warmup"] + spec["duration"]
+    latencies: list[float] = []
+    lags: list[float] = []
+    statuses: dict[str, int] = {}
+    state = {"outstanding": 0, "capped": 0, "errors": 0, "events_ok": 0, "late": 0}
+    cap = spec["max_outstanding"]
+    pending: set[asyncio.Task] = set()
+
+    async def send(payload: bytes, due: float, events: int, window: bool) -> None:
+        start = loop.time()
+        done = loop.create_future()
+        try:
+            await loop.create_connection(lambda: _Exchange(payload, done), host, port)
+            code = (await asyncio.wait_for(done, 30.0)).decode("ascii", "replace")
+        except (TimeoutError, OSError) as exc:
+            code = type(exc).__name__
+        end = loop.time()
+        state["outstanding"] -= 1
+        if window:
+            statuses[code] = statuses.get(code, 0) + 1
+            if code.startswith("2"):
+                latencies.append(end - start)
+                lags.append(start - due)
+                state["events_ok"] += events
+
+    for offset, payload, events in schedule:
+        due = t0 + offset
+        delay = due - loop.time()
+        if delay > 0.001:
+            await asyncio.sleep(delay)
+        window = w0 <= offset < w1
+        if state["outstanding"] >= cap:
+            state["capped"] += window
+            continue
+        state["outstanding"] += 1
+        task = loop.create_task(send(payload, due, events, window))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    if pending:
+        await asyncio.wait(pending, timeout=35)
+    return {
+        "t0": t0_wall,
+        "latency": quantiles(latencies),
+        "lag": quantiles(lags),
+        "statuses": statuses,
+        "capped": state["capped"],
+        "events_ok": state["events_ok"],
+    }
+
+
+# --------------------------------------------------------------------------------- one run
+
+
+def run_load(
+    stack: Stack, nodes: int, args: argparse.Namespace, templates: tuple, decide_job: int
+) -> dict[str, Any]:
+    stack.start_controller()
+    spec = {
+        "port": stack.api_port,
+        "nodes": nodes,
+        "period": args.period,
+        "job_rate": args.job_rate,
+        "warmup": args.warmup,
+        "duration": args.duration,
+        "tail": args.tail if decide_job else 1.0,
+        "munge_socket": str(stack.spec.munge_socket),
+        "status": templates[0],
+        "job_events": templates[1],
+        "max_outstanding": args.max_outstanding,
+        "out": str(stack.base / f"gen-{nodes}.json"),
+    }
+    spec_path = stack.base / f"gen-{nodes}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    gen = subprocess.Popen(
+        [sys.executable, __file__, "--generator", str(spec_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert gen.stdin is not None and gen.stdout is not None
+    ready = gen.stdout.readline().split()
+    if not ready or ready[0] != "ready":
+        gen.kill()
+        raise RuntimeError("the load generator did not start")
+    pids = {
+        "controller": stack.controller,
+        "munged": stack.pid("munged"),
+        "slurmctld": stack.pid("slurmctld"),
+        "generator": gen.pid,
+    }
+    gen.stdin.write("go\n")
+    gen.stdin.flush()
+    t0 = float(gen.stdout.readline().split()[1])
+
+    def sleep_until(t: float) -> None:
+        time.sleep(max(0.0, t - time.time()))
+
+    rss_peak = [0.0]
+    stop_sampling = threading.Event()
+
+    def sample() -> None:
+        while not stop_sampling.wait(0.5):
+            rss_peak[0] = max(rss_peak[0], rss_mb(stack.controller))
+
+    sleep_until(t0 + args.warmup)
+    threading.Thread(target=sample, daemon=True).start()
+    profiler = None
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        profiler = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("py-spy")),
+                "record",
+                "--nonblocking",
+                "-r",
+                "50",
+                "-d",
+                str(int(args.duration)),
+                "-f",
+                "raw",
+                "-p",
+                str(stack.controller),
+                "-o",
+                str(args.profile / f"controller-{nodes}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    load0 = os.getloadavg()
+    cpu0 = {k: cpu(p) for k, p in pids.items()}
+    wait0 = cpu_wait(stack.controller)
+    db0 = db_usage(stack.store)
+    w0 = time.time()
+    sleep_until(t0 + args.warmup + args.duration)
+    cpu1 = {k: cpu(p) for k, p in pids.items()}
+    wait1 = cpu_wait(stack.controller)
+    w1 = time.time()
+    db1 = db_usage(stack.store)
+    load1 = os.getloadavg()
+    rss_end = rss_mb(stack.controller)
+    stop_sampling.set()
+    if profiler is not None:
+        profiler.wait(timeout=60)
+    decide = None
+    if decide_job:
+        decide = decide_incident(stack, decide_job, "n1")
+    gen.stdin.close()
+    gen.wait(timeout=120)
+    gen_result = json.loads(Path(spec["out"]).read_text())
+    wall = w1 - w0
+    accepted = sum(v for k, v in gen_result["statuses"].items() if k.startswith("2"))
+    share = {k: (cpu1[k]["self"] - cpu0[k]["self"]) / wall for k in pids}
+    slurm_cmds = (cpu1["controller"]["children"] - cpu0["controller"]["children"]) / wall
+    events = db1[1] - db0[1]
+    grown = db1[0] - db0[0]
+    offered = nodes / args.period + args.job_rate
+    result = {
+        "nodes": nodes,
+        "gpus_per_node": 8,
+        "offered_requests_per_s": offered,
+        "accepted_events_per_s": gen_result["events_ok"] / args.duration,
+        "stored_events_per_s": events / wall,
+        "latency_s": gen_result["latency"],
+        "generator_lag_s": gen_result["lag"],
+        "statuses": gen_result["statuses"],
+        "capped_by_generator": gen_result["capped"],
+        "controller_cpu_cores": share["controller"],
+        "controller_cpu_ms_per_request": (
+            1000 * share["controller"] * wall / accepted if accepted else None
+        ),
+        "controller_slurm_commands_cpu_cores": slurm_cmds,
+        "controller_runnable_waiting_for_cpu": (wait1 - wait0) / wall,
+        "controller_rss_mb": rss_end,
+        "controller_rss_peak_mb": max(rss_peak[0], rss_end),
+        "munged_cpu_cores": share["munged"],
+        "slurmctld_cpu_cores": share["slurmctld"],
+        "generator_cpu_cores": share["generator"],
+        "generator_build_s": gen_result["build_s"],
+        "loadavg_start": load0,
+        "loadavg_end": load1,
+        "window_s": wall,
+        "db_bytes_per_event": grown / events if events else None,
+        "db_bytes_per_day": (grown / events) * offered * 86400 if events else None,
+        "db_bytes_at_end": db1[0],
+    }
+    if decide:
+        result["decide_under_load"] = decide
+    return result
+
+
+# --------------------------------------------------------------------------------- deciding
+
+
+def submit_job(stack: Stack, node: str) -> int:
+    """A one-node job that runs on ``node`` (the other slurmd node excluded, not --nodelist:
+    a job pinned to a node is stopped, not requeued, and we want the usual decision)."""
+    other = "n2" if node == "n1" else "n1"
+    argv = ["sbatch", "--parsable", "-p", "debug", "-N1", "-x", other, "-o", "/dev/null"]
+    out = subprocess.run(
+        [*argv, "--wrap", "sleep 3600"],
+        env=stack.env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout.strip().split(";")[0])
+
+
+def wait_running(stack: Stack, job_id: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", str(job_id), "-o", "%T"],
+            env=stack.env(),
+            capture_output=True,
+            text=True,
+        )
+        if out.stdout.strip() == "RUNNING":
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"job {job_id} not running after {timeout:.0f}s")
+
+
+def milestones(store: Path, job_id: int) -> dict[str, float]:
+    conn = sqlite3.connect(f"{store.as_uri()}?mode=ro", uri=True, timeout=10)
+    try:
+        rows = conn.execute(
+            "SELECT m.name, m.at FROM milestones m JOIN incidents i ON i.id = m.incident_id "
+            "JOIN job_attempts a ON a.id = i.attempt_id WHERE a.job_id = ?",
+            (job_id,),
+        ).fetchall()
+    finally:
+        conn.close()
+    return dict(rows)
+
+
+def decide_incident(stack: Stack, job_id: int, node: str) -> dict[str, Any]:
+    """Post an XID 79 on ``node`` as its sidecar; time until the incident is advised."""
+    from slurm_recovery.client import ClientError, ControllerClient
+    from slurm_recovery.controller.wire import event_to_json
+
+    client = ControllerClient(stack.url, munge_socket=str(stack.spec.munge_socket))
+    posted = time.time()
+    event = event_to_json(
+        "xid", posted, node=node, gpu=0, payload={"xid": 79, "message": FALLEN_OFF}
+    )
+    try:
+        client.post_evidence([event], role="sidecar", node=node)
+    except ClientError as exc:
+        return {"error": f"the XID report was not accepted: {exc}"}
+    accepted = time.time()
+    deadline = time.monotonic() + 120
+    found: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        found = milestones(stack.store, job_id)
+        if "advised" in found:
+            break
+        time.sleep(0.02)
+    if "advised" not in found:
+        return {"error": "no incident within 120 s", "milestones": found}
+    return {
+        "job_id": job_id,
+        "post_s": accepted - posted,
+        "detected_s": found["detected"] - posted,
+        "advised_s": found["advised"] - posted,
+    }
+
+
+def pass_costs(stack: Stack) -> dict[str, Any]:
+    """What one pass of the controller's loop spends on a large cluster, measured here with the
+    controller's own code: reading the nodes (``sinfo --json``: the command, then one
+    ``json.loads`` that holds the GIL throughout, then the records), and reading the evidence of
+    the last hour (``Store.find_evidence`` as the loop calls it) from the store just loaded."""
+    from slurm_recovery.controller.loop import EVIDENCE_HORIZON
+    from slurm_recovery.scheduler.scontrol import ScontrolScheduler, node_from_json
+    from slurm_recovery.store import Store
+
+    sched = ScontrolScheduler(timeout=60, slurm_conf=str(stack.spec.slurm_conf))
+    t0 = time.perf_counter()
+    out = sched._run(["sinfo", "--json"])
+    t1 = time.perf_counter()
+    data = json.loads(out)
+    t2 = time.perf_counter()
+    nodes = [node_from_json(n) for n in data["nodes"]]
+    t3 = time.perf_counter()
+    with Store.open(stack.store, readonly=True) as store:
+        t4 = time.perf_counter()
+        rows = store.find_evidence(since=time.time() - EVIDENCE_HORIZON, limit=1_000_000)
+        t5 = time.perf_counter()
+    return {
+        "nodes": len(nodes),
+        "sinfo_json_bytes": len(out),
+        "sinfo_command_s": t1 - t0,
+        "sinfo_json_loads_s": t2 - t1,
+        "node_records_s": t3 - t2,
+        "evidence_rows_in_horizon": len(rows),
+        "evidence_read_s": t5 - t4,
+        "evidence_read_us_per_row": 1e6 * (t5 - t4) / len(rows) if rows else None,
+    }
+
+
+def decide_idle(stack: Stack, job_id: int, node: str, nodes: int) -> dict[str, Any]:
+    stack.start_controller()
+    time.sleep(2.0)  # a few passes: a steady, idle controller
+    result = decide_incident(stack, job_id, node)
+    result["nodes_in_view"] = nodes
+    return result
+
+
+# --------------------------------------------------------------------------------- report
+
+
+def _ms(q: dict[str, float], key: str) -> str:
+    return f"{q[key] * 1000:8.1f}" if key in q else "       -"
+
+
+def _num(value: float | None, width: int, digits: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
+def print_table(report: dict[str, Any]) -> None:
+    runs = report["runs"]
+    print()
+    print(
+        f"controller scale: {report['period']:g} s report period, {report['job_rate']:g} job "
+        f"events/s, window {report['duration']:g} s; auth: {report['auth']}"
+    )
+    print(f"node view: {report['node_view']}")
+    print(f"controller: {report['controller']}")
+    header = (
+        f"{'nodes':>6} {'req/s':>7} {'ev/s ok':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+        f"{'ctl cpu':>7} {'ms/req':>6} {'wait':>5} {'+slurm':>6} {'rss MB':>7} {'munged':>6} "
+        f"{'gen':>5} {'ctld':>5} {'B/ev':>6} {'GB/day':>7} {'non-2xx':>7} {'load':>10}"
+    )
+    print(header)
+    for r in runs:
+        bad = sum(v for k, v in r["statuses"].items() if not k.startswith("2"))
+        bad += r["capped_by_generator"]
+        bpe = r["db_bytes_per_event"]
+        per_day = r["db_bytes_per_day"]
+        print(
+            f"{r['nodes']:>6} {r['offered_requests_per_s']:>7.0f} "
+            f"{r['accepted_events_per_s']:>8.0f} {_ms(r['latency_s'], 'p50')} "
+            f"{_ms(r['latency_s'], 'p99')} {_ms(r['latency_s'], 'max')} "
+            f"{r['controller_cpu_cores']:>7.2f} {_num(r['controller_cpu_ms_per_request'], 6, 2)} "
+            f"{r['controller_runnable_waiting_for_cpu']:>5.2f} "
+            f"{r['controller_slurm_commands_cpu_cores']:>6.2f} "
+            f"{r['controller_rss_mb']:>7.0f} {r['munged_cpu_cores']:>6.2f} "
+            f"{r['generator_cpu_cores']:>5.2f} {r['slurmctld_cpu_cores']:>5.2f} "
+            f"{bpe if bpe is None else round(bpe):>6} "
+            f"{'-' if per_day is None else f'{per_day / 1e9:.1f}':>7} {bad:>7} "
+            f"{r['loadavg_start'][0]:>4.1f}-{r['loadavg_end'][0]:<4.1f}"
+        )
+    print(
+        "cpu columns: cores (1.00 = one core busy); ms/req: controller CPU per accepted "
+        "request (its loop's passes included); wait: controller threads runnable but "
+        "waiting for a CPU (held back by other processes); +slurm: the controller's "
+        "squeue/sinfo children; load: 1-min load average at window start-end"
+    )
+    print(f"retention: {report['retention']}")
+    c = report.get("pass_costs")
+    if c:
+        ms = {k: f"{v * 1000:.0f} ms" for k, v in c.items() if k.endswith("_s")}
+        print(
+            f"one pass over {c['nodes']} nodes: sinfo --json {ms['sinfo_command_s']} "
+            f"({c['sinfo_json_bytes'] / 1e6:.1f} MB), json.loads {ms['sinfo_json_loads_s']} "
+            f"(holds the GIL), node records {ms['node_records_s']}; evidence of "
+            f"the last hour: {c['evidence_rows_in_horizon']} rows read in "
+            f"{ms['evidence_read_s']}"
+            + (
+                f" ({c['evidence_read_us_per_row']:.1f} us/row)"
+                if c["evidence_read_us_per_row"]
+                else ""
+            )
+        )
+    for label, key in (("under load", "decide_under_load"), ("idle", "decide_idle")):
+        d = report.get(key)
+        if d and "advised_s" in d:
+            print(
+                f"decide an incident ({report['nodes_defined']} nodes, {label}): XID posted -> "
+                f"detected {d['detected_s'] * 1000:.0f} ms, advised {d['advised_s'] * 1000:.0f} ms"
+            )
+        elif d:
+            print(f"decide an incident ({label}): {d.get('error')}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N = 100, 1,000; short windows")
+    parser.add_argument("--nodes", type=int, nargs="+", help="N values (default 100 1000 10000)")
+    parser.add_argument("--period", type=float, default=10.0, help="seconds between reports")
+    parser.add_argument("--job-rate", type=float, default=100.0, help="job events per second")
+    parser.add_argument("--duration", type=float, help="measured window, s (default 30; 4 quick)")
+    parser.add_argument("--warmup", type=float, help="s before the window (default 5; 2 quick)")
+    parser.add_argument("--tail", type=float, default=15.0, help="load kept on while deciding")
+    parser.add_argument("--max-outstanding", type=int, default=4000)
+    parser.add_argument("--base", type=Path, default=Path("/tmp/srecovery-scale"))
+    parser.add_argument("--port-base", type=int, default=18000)
+    parser.add_argument("--api-port", type=int, default=18800)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--keep", action="store_true", help="leave the stack running")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="sample the controller with py-spy over each window (collapsed stacks to DIR)",
+    )
+    parser.add_argument("--generator", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--launcher",
+        type=Path,
+        help="run this script (same arguments) instead of python -m slurm_recovery.controller: "
+        "a patched controller, for before/after and what-if measurements; said in the output",
+    )
+    args = parser.parse_args()
+    if args.generator:
+        generate(json.loads(args.generator.read_text()))
+        return 0
+    nodes = args.nodes or ([100, 1000] if args.quick else [100, 1000, 10_000])
+    args.duration = args.duration or (4.0 if args.quick else 30.0)
+    args.warmup = args.warmup if args.warmup is not None else (2.0 if args.quick else 5.0)
+    if args.quick:
+        args.tail = min(args.tail, 8.0)
+    defined = max(max(nodes), SLURMD_NODES)
+
+    stack = Stack(args.base, defined, args.port_base, args.api_port)
+    stack.launcher = args.launcher
+    print(f"starting munged, slurmctld ({defined} nodes defined) in {args.base} ...", flush=True)
+    t = time.monotonic()
+    stack.up()
+    cluster_up_s = time.monotonic() - t
+    report: dict[str, Any] = {
+        "quick": args.quick,
+        "period": args.period,
+        "job_rate": args.job_rate,
+        "duration": args.duration,
+        "nodes_defined": defined,
+        "cluster_up_s": cluster_up_s,
+        "node_view": (
+            f"real slurmctld (Slurm 22.05), slurm.conf defines {defined} nodes "
+            f"({SLURMD_NODES} with a slurmd); the controller reads them with sinfo --json"
+        ),
+        "auth": (
+            "real MUNGE: one credential per request (role sidecar/hook), encoded by the "
+            "generator before the window, decoded by the controller through munged in it"
+        ),
+        "retention": (
+            "none: slurm_recovery/store has no pruning; evidence rows are kept forever, so "
+            "the store grows by the GB/day shown (unbounded)"
+        ),
+        "runs": [],
+        "cpu_count": os.cpu_count(),
+        "controller": (
+            f"PATCHED: {args.launcher} "
+            + " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("WHATIF_"))
+            if args.launcher
+            else "python -m slurm_recovery.controller (as srecovery dev up starts it)"
+        ),
+    }
+    try:
+        templates = sidecar_templates(args.base, stack.config)
+        report["status_event_bytes"] = len(json.dumps(templates[0], separators=(",", ":")))
+        jobs = [submit_job(stack, "n1"), submit_job(stack, "n2")]
+        for job in jobs:
+            wait_running(stack, job)
+        for n in nodes:
+            print(f"N = {n}: fresh controller, building and signing requests ...", flush=True)
+            run = run_load(stack, n, args, templates, jobs[0] if n == max(nodes) else 0)
+            report["runs"].append(run)
+            print(
+                f"  {run['accepted_events_per_s']:.0f} events/s, p99 "
+                f"{run['latency_s'].get('p99', float('nan')) * 1000:.1f} ms, controller "
+                f"{run['controller_cpu_cores']:.2f} cores",
+                flush=True,
+            )
+            if "decide_under_load" in run:
+                report["decide_under_load"] = run.pop("decide_under_load")
+        report["pass_costs"] = pass_costs(stack)
+        report["decide_idle"] = decide_idle(stack, jobs[1], "n2", defined)
+    finally:
+        if not args.keep:
+            with contextlib.suppress(Exception):
+                subprocess.run(["scancel", "--quiet", "-u", "root"], env=stack.env(), timeout=10)
+            stack.down()
+    print_table(report)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
