@@ -115,6 +115,7 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
         host=host,
         port=port,
         ssl_context=tls,
+        backlog=4096,  # thousands of sidecars connect at once after an outage (default 128)
         print=None,
         access_log=None,
         handle_signals=True,
