@@ -509,6 +509,15 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "controller",
+        "max_queued_requests",
+        "integer, 10 to 100000",
+        1000,
+        "Evidence requests waiting to be stored beyond which new ones are refused with HTTP 429 "
+        "and a Retry-After; the sidecars keep their events and retry.",
+        _int_range(10, 100_000),
+    ),
+    Key(
+        "controller",
         "spool_dir",
         "absolute path",
         "/var/spool/slurm-recovery/controller",
@@ -780,6 +789,7 @@ class ControllerConfig:
     loop_interval: float = DEFAULTS["controller.loop_interval"]
     hold_deadline: float = DEFAULTS["controller.hold_deadline"]
     max_request_bytes: int = DEFAULTS["controller.max_request_bytes"]
+    max_queued_requests: int = DEFAULTS["controller.max_queued_requests"]
     spool_dir: Path = DEFAULTS["controller.spool_dir"]
     tls_cert: str = DEFAULTS["controller.tls_cert"]
     tls_key: str = DEFAULTS["controller.tls_key"]

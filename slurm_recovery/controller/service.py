@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import socket
 import threading
 import time
@@ -231,6 +232,16 @@ class Controller:
 
     async def post_evidence(self, request: web.Request) -> web.Response:
         started = time.monotonic()
+        waiting = len(self._ingest_queue)
+        if waiting >= self.config.controller.max_queued_requests:
+            # refused before reading the body or decoding the credential: cheap under a flood;
+            # a random Retry-After spreads the sidecars' retries
+            self.metrics.ingest_rejects.labels("429").inc()
+            return web.json_response(
+                {"error": f"busy: {waiting} requests waiting to be stored; retry later"},
+                status=429,
+                headers={"Retry-After": str(random.randint(1, 5))},
+            )
         body = await request.read()
         try:
             ids, urgent = await self._ingest_grouped(request, body)
