@@ -152,6 +152,16 @@ def _duration_above_zero(value: Any) -> float:
     return seconds
 
 
+def _retention(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds < 86400:
+        raise ValueError(
+            f'must be at least 1 day ("1d"): the controller decides on the last hour of '
+            f"evidence, and explains incidents with older evidence; {_DURATION_HINT}"
+        )
+    return seconds
+
+
 def _path_string(value: Any, *, empty_ok: bool) -> str:
     if not isinstance(value, str):
         raise ValueError('must be a string holding an absolute path, e.g. "/usr/bin"')
@@ -453,6 +463,16 @@ KEYS: tuple[Key, ...] = (
         "SQLite database holding incidents, advice and the audit trail. Its directory must "
         "exist and be writable by the controller.",
         _path,
+    ),
+    Key(
+        "store",
+        "retention",
+        "duration, at least 1 day",
+        "30d",
+        "Routine evidence (sidecar status, GPU activity and inventory, training progress) older "
+        "than this is deleted, unless an advice rests on it. Incidents, advice, XIDs, findings, "
+        "job events and the audit trail are kept.",
+        _retention,
     ),
     Key(
         "log",
@@ -775,6 +795,7 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class StoreConfig:
     path: Path = DEFAULTS["store.path"]
+    retention: float = DEFAULTS["store.retention"]
 
 
 @dataclass(frozen=True)

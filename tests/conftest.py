@@ -18,8 +18,11 @@ NODES = 4
 
 
 def _free_port_block(count: int, start: int = 27000, stop: int = 60000) -> int:
-    """First port p with p..p+count-1 all free on loopback (so clusters never clash)."""
-    for base in range(start + (os.getpid() % 500) * 20, stop, count + 1):
+    """First port p with p..p+count-1 all free on loopback (so clusters never clash), from a
+    point in [start, stop) that depends on the process, wrapping around at ``stop``."""
+    start = min(start, stop - count - 1)
+    first = start + (os.getpid() % 500) * 20 % max(stop - start - count, 1)
+    for base in [*range(first, stop - count, count + 1), *range(start, first, count + 1)]:
         try:
             for port in range(base, base + count):
                 with socket.socket() as s:

@@ -36,12 +36,16 @@ from slurm_recovery.decide.policy import load_policy
 from slurm_recovery.holdmark import parse_hold_mark
 from slurm_recovery.scheduler import Node, Scheduler, open_scheduler
 from slurm_recovery.store import Evidence, Store, StoreError
+from slurm_recovery.store.store import ROUTINE_EVIDENCE
 
 log = logging.getLogger("srecovery.controller")
 T = TypeVar("T")
 
 #: Role assumed for every request when authentication is off (development only).
 INSECURE_ROLE_HEADER = "X-SRecovery-Role"
+
+#: Retention runs this often (seconds), deleting at most PRUNE_BATCH rows per statement.
+PRUNE_EVERY, PRUNE_BATCH = 3600.0, 10_000
 
 #: Evidence that only feeds the next regular pass (status, telemetry, progress, job starts):
 #: a request with nothing else does not wake the loop at once. Under thousands of sidecars
@@ -149,6 +153,7 @@ class Controller:
         self._ingest_task: asyncio.Task[None] | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self.started_at = time.time()
+        self._next_prune = 0.0  # retention: the first pass prunes, then once an hour
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -191,8 +196,37 @@ class Controller:
                 await asyncio.wait_for(self._wake.wait(), timeout=0.1 if busy else interval)
             self._wake.clear()
 
+    def _prune(self) -> None:
+        """Retention (``store.retention``), at most once an hour, on the loop's thread: batch
+        after batch for at most a second, so a large backlog never stalls recovery."""
+        now = time.time()
+        if now < self._next_prune:
+            return
+        store = self.loop_worker.store()
+        before = now - self.config.store.retention
+        deleted, deadline = 0, time.monotonic() + 1.0
+        try:
+            while True:
+                count = store.prune_evidence(before, batch=PRUNE_BATCH)
+                deleted += count
+                if count < PRUNE_BATCH or time.monotonic() > deadline:
+                    break
+            if deleted:
+                store.append_audit(
+                    "controller",
+                    "retention",
+                    "evidence",
+                    {"deleted": deleted, "observed_before": before, "kinds": ROUTINE_EVIDENCE},
+                )
+                log.info("retention: deleted %d evidence rows older than the window", deleted)
+        except StoreError as exc:  # a full or locked store: try again at the next interval
+            log.warning("retention: %s", exc)
+            return
+        self._next_prune = now + (PRUNE_EVERY if count < PRUNE_BATCH else 0.0)
+
     def _tick(self) -> bool:
         assert self.reconciler is not None
+        self._prune()
         busy = self.reconciler.tick()
         if self.reconciler.last_error:
             self.metrics.slurm_unreachable.inc()

@@ -91,6 +91,11 @@ MILESTONE_ORDER = (
 )
 
 
+#: Evidence kinds that matter only while fresh (heartbeats, telemetry, progress): what
+#: retention removes once older than ``store.retention``, unless an advice rests on a row.
+ROUTINE_EVIDENCE = ("sidecar_status", "gpu_activity", "gpu_inventory", "progress")
+
+
 class Store:
     """Open with :meth:`Store.open`; use as a context manager or call :meth:`close`.
 
@@ -438,6 +443,28 @@ class Store:
                 ).fetchall()
                 out.extend(_evidence(row) for row in rows)
         return out
+
+    def prune_evidence(
+        self, before: float, kinds: Iterable[str] = ROUTINE_EVIDENCE, batch: int = 10_000
+    ) -> int:
+        """Delete up to ``batch`` rows of evidence of ``kinds`` observed before ``before`` that
+        no advice rests on; returns how many. Retention (``store.retention``): routine evidence
+        only matters while fresh, and is most rows of a large cluster. A small batch keeps the
+        write lock short; call again while it returns ``batch``."""
+        names = sorted({check_text(k, "kinds[]") for k in kinds})
+        check_int(batch, "batch", minimum=1)
+        if not names:
+            return 0
+        with self._tx(write=True) as conn:
+            cursor = conn.execute(
+                f"""DELETE FROM evidence WHERE id IN (
+                    SELECT id FROM evidence
+                    WHERE kind IN ({",".join("?" * len(names))}) AND observed_at < ?
+                      AND id NOT IN (SELECT evidence_id FROM advice_evidence)
+                    LIMIT ?)""",
+                (*names, before, batch),
+            )
+            return cursor.rowcount
 
     def find_evidence(
         self,
