@@ -65,6 +65,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil
 
 from slurm_recovery import devstack, localcluster
+from slurm_recovery.config import DEFAULTS
+from slurm_recovery.store.store import ROUTINE_EVIDENCE
 
 SLURMD_NODES = 2  # n1, n2 run a slurmd (the decide phase runs its jobs there)
 PHANTOM_PORT_OFFSET = 999  # every node without a slurmd "listens" on port_base + 999
@@ -802,8 +804,10 @@ def main() -> int:
             "generator before the window, decoded by the controller through munged in it"
         ),
         "retention": (
-            "none: slurm_recovery/store has no pruning; evidence rows are kept forever, so "
-            "the store grows by the GB/day shown (unbounded)"
+            f"store.retention (default {DEFAULTS['store.retention'] / 86400:g} days) deletes "
+            f"routine evidence ({', '.join(ROUTINE_EVIDENCE)}) once it is older, hourly: the "
+            "store then holds at most that many days of the GB/day shown (all of it routine "
+            "here) and stops growing; SQLite reuses the freed pages"
         ),
         "runs": [],
         "cpu_count": os.cpu_count(),
