@@ -63,6 +63,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil
+from report import write_json
 
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.config import DEFAULTS
@@ -845,7 +846,7 @@ def main() -> int:
             stack.down()
     print_table(report)
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, "controller_scale", report, args.quick)
         print(f"wrote {args.json}")
     return 0
 
