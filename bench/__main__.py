@@ -38,6 +38,7 @@ BENCHMARKS = (
     Benchmark("log_scan", "log signature scan, MB/s per core"),
     Benchmark("progress_api", "cost of progress.report() per call"),
     Benchmark("munge_rate", "MUNGE credentials per second", munge_option="--socket"),
+    Benchmark("soak_faults", "controller killed at random points; restarts during an outage"),
 )
 
 

@@ -240,10 +240,16 @@ def verify(
     except munge.MungeReplayed:
         raise AuthError(401, "credential replayed (munged has already decoded it)") from None
     except munge.MungeExpired:
-        raise AuthError(401, "credential expired (older than its time-to-live)") from None
+        raise AuthError(
+            401,
+            "credential expired (older than its time-to-live): the sender's clock is behind "
+            "this host's, or the request took that long; are the clocks in sync (NTP)?",
+        ) from None
     except munge.MungeRewound:
         raise AuthError(
-            401, "credential rewound: encoded in the future (the sender's clock is ahead)"
+            401,
+            "credential rewound: encoded in the future (the sender's clock is ahead of this "
+            "host's; are the clocks in sync (NTP)?)",
         ) from None
     except munge.MungeCredentialError as exc:
         raise AuthError(401, f"credential invalid: {exc.message}") from None
@@ -254,10 +260,17 @@ def verify(
 
     age = now - decoded.encode_time
     if age > max_age:
-        raise AuthError(401, f"credential stale: encoded {age:.0f}s ago (max_age {max_age:g}s)")
+        raise AuthError(
+            401,
+            f"credential stale: encoded {age:.0f}s ago (max_age {max_age:g}s): the sender's "
+            "clock is behind this host's, or the request took that long; are the clocks in sync "
+            "(NTP)?",
+        )
     if -age > skew:
         raise AuthError(
-            401, f"credential from the future: {-age:.0f}s ahead of this host (skew {skew:g}s)"
+            401,
+            f"credential from the future: {-age:.0f}s ahead of this host (skew {skew:g}s): the "
+            "sender's clock is ahead; are the clocks in sync (NTP)?",
         )
 
     doc = _parse_claim(decoded.payload)

@@ -51,6 +51,7 @@ from slurm_recovery.store import (
     ModeOverride,
     NodeState,
     Store,
+    StoreError,
 )
 
 log = logging.getLogger("srecovery.controller")
@@ -168,6 +169,26 @@ def effective_policy(policy: Policy, overrides: Iterable[ModeOverride]) -> Polic
     )
 
 
+#: Below this much free space for the store's file system, /healthz says the store is full.
+STORE_MIN_FREE = 1 << 20
+
+
+def store_space_problem(path: Path) -> str:
+    """ "" or why the store cannot take writes for lack of space (its file system's free space
+    for this user below STORE_MIN_FREE)."""
+    try:
+        fs = os.statvfs(Path(path).parent)
+    except OSError:
+        return ""
+    free = fs.f_bavail * fs.f_frsize
+    if free >= STORE_MIN_FREE:
+        return ""
+    return (
+        f"store: the disk holding {path} is full ({free // 1024} KiB free): evidence is refused "
+        "(503, the sidecars keep it) and nothing is recorded until space is freed"
+    )
+
+
 class Reconciler:
     """One controller's loop. Owns its Store connection: call only from one thread."""
 
@@ -198,6 +219,8 @@ class Reconciler:
         self.metrics = metrics
         self.clock = clock
         self.failpoint = os.environ.get(FAILPOINT_ENV, "")
+        #: a crash waits for its node evidence (``_settling``): come back soon
+        self.settling = False
         # (job_id, restart_count) -> submit time -> kinds of its incidents: from the store.
         self._handled: dict[tuple[int, int], dict[int, set[str]]] = {}
         for incident in store.list_incidents(limit=1_000_000):
@@ -243,13 +266,23 @@ class Reconciler:
                 log.exception("recording Slurm changes failed; going on")
             self.last_view = view
             self._detect_and_decide(view)
-            busy = False
+            busy = self.settling
             for incident in self.store.list_incidents(open_only=True, limit=10_000):
                 busy |= self._reconcile(incident, view)
         except Unreachable as exc:
             self.last_error = f"slurmctld unreachable: {exc}"
             log.warning("%s; retrying", self.last_error)
             return False
+        except StoreError as exc:  # disk full, read-only, locked: /healthz says which
+            self.last_error = f"store: {exc}"
+            log.error("%s; retrying", self.last_error)
+            return False
+        full = store_space_problem(self.store.path)
+        if full:  # a quiet pass writes nothing, but evidence is refused (503): say so
+            if full != self.last_error:
+                log.error("%s", full)
+            self.last_error = full
+            return busy
         self.last_tick = self.clock()
         self.last_error = ""
         return busy
@@ -278,7 +311,11 @@ class Reconciler:
         return ClusterView(now=now, jobs=jobs, nodes=nodes, drained_by_tool=drained)
 
     def _evidence(self, now: float) -> list[CoreEvidence]:
-        records = self.store.find_evidence(since=now - EVIDENCE_HORIZON, limit=1_000_000)
+        """The last EVIDENCE_HORIZON of evidence the decisions read: not the sidecars'
+        status heartbeats, which are most rows on a large cluster and explain nothing."""
+        records = self.store.find_evidence(
+            since=now - EVIDENCE_HORIZON, limit=1_000_000, skip_kinds=("sidecar_status",)
+        )
         return [core_evidence(r) for r in records]
 
     # --- detect, attribute, advise -----------------------------------------------------
@@ -331,10 +368,27 @@ class Reconciler:
         found_now += hang_incidents(watched, evidence, known | crashed, self.policy, timeouts)
         troubled = reported | {(i.job_id, i.restart_count) for i in found_now}
         found_now += straggler_incidents(watched, evidence, troubled, self.policy)
+        self.settling = False
         for found in found_now:
             job = view.jobs[found.job_id]
+            if self._settling(found, job, view, evidence):
+                self.settling = True  # the caller comes back within 0.1 s (and on evidence)
+                continue
             drains = self._open(found, job, view, evidence, settings.get(found.job_id))
             view = after_drains(view, drains)  # the blast radius counts this pass's drains
+
+    def _settling(
+        self, found: CoreIncident, job: Job, view: ClusterView, evidence: list[CoreEvidence]
+    ) -> bool:
+        """A crash no node evidence explains yet, less than ``settle`` after it failed: wait.
+        Slurm often shows the job's end before the node's sidecar delivered the XID that
+        killed it (or the job's last log lines); decided now, the job would be requeued onto
+        the broken node. Detection is level-triggered, so the next pass finds it again."""
+        settle = self.policy.fatal_evidence_window.settle
+        if found.kind is not IncidentKind.CRASH or self.clock() - found.failed_at >= settle:
+            return False
+        verdict = attribute(found, job, evidence, self.catalogue, self.policy, view.nodes)
+        return not verdict.nodes
 
     def _job_settings(
         self, view: ClusterView, evidence: list[CoreEvidence]
@@ -383,7 +437,7 @@ class Reconciler:
         restarts = sum(
             1
             for past in self.store.list_incidents(history_id=attempt.history_id)
-            if (past.outcome or "").startswith("restarted")
+            if (past.outcome or "").startswith("restarted") or self._restarted(past, job)
         )
         advice = advise(found, verdict, job, policy_for_job(self.policy, settings), view, restarts)
         advised = self.clock()
@@ -439,9 +493,33 @@ class Reconciler:
             advice.mode,
             advice.reason,
         )
+        if advice.needs_operator:  # in `srecovery status` (the error ring) and the journal
+            log.warning(
+                "incident %d: job %d NEEDS AN OPERATOR (rule %s): %s",
+                incident.id,
+                job.job_id,
+                advice.rule,
+                advice.reason,
+            )
         if self.metrics:
             self.metrics.incident_opened(str(verdict.fault_class), now - found.failed_at)
+            if advice.needs_operator:
+                self.metrics.needs_operator.labels(advice.rule).inc()
         return advice.drain if advice.mode is Mode.ACT else frozenset()
+
+    def _restarted(self, past: Incident, job: Job) -> bool:
+        """An open restart incident whose job Slurm already shows at a later attempt: the
+        restart happened, and this pass detected the next fault before closing it."""
+        if past.closed_at is not None:
+            return False
+        advice = self.store.latest_advice(past.id)
+        found = self.store.get_attempt(past.attempt_id)
+        return bool(
+            advice
+            and advice.decision.startswith("requeue")
+            and found
+            and found.attempt.restart_count < job.restart_count
+        )
 
     def _count_implicated(self, node: str, at: float) -> None:
         old = self.store.get_node(node)
@@ -493,6 +571,7 @@ class Reconciler:
                 if not (recorded and recorded.drain_reason == shown.reason):
                     # drained by us just before a crash: record it (blast radius, lemons)
                     self._mark_drained(node, shown.reason)
+                    self._found(incident, plan, "drain", node)
         if plan.action is Action.NONE:
             self._close(incident, "nothing to do")
             return False
@@ -557,6 +636,7 @@ class Reconciler:
                 return False
             mark = parse_hold_mark(job.admin_comment)
             ours = mark is not None and mark[0] == incident.id
+            self._record_found(incident, plan, job, base, ours)
             if job.restart_count == base:
                 if job.state not in _REQUEUEABLE:
                     return True  # e.g. COMPLETING: wait for Slurm
@@ -619,23 +699,18 @@ class Reconciler:
                     ):
                         return True
                     else:
-                        note = f"srecovery: requeued after incident {incident.id}"
-                        if plan.exclude:
-                            note += f", excluding {hostlist.compress(plan.exclude)}"
-                        self._step(
-                            incident,
-                            plan,
-                            "unmark",
-                            f"job {job_id}",
-                            lambda n=note: self.scheduler.set_admin_comment(job_id, n),
-                        )
+                        self._unmark(incident, plan, job_id)
                 elif job.held:
                     return True  # held by someone else: not ours to release
                 else:
                     # released (by us, or by the watchdog): waiting for resources
                     self.store.add_milestone(incident.id, "released", at=self.clock())
+                    if ours:  # released, but the mark stayed (a crash or Slurm down between)
+                        self._unmark(incident, plan, job_id)
                     return True
             elif job.state == "RUNNING":
+                if ours and not self._unmark(incident, plan, job_id):
+                    return True  # a stale mark would make a later hold look like ours
                 self._running_again(incident, job)
                 return False
             elif job.active:
@@ -660,6 +735,65 @@ class Reconciler:
             "mark",
             f"job {job_id}",
             lambda: self.scheduler.set_admin_comment(job_id, hold_mark(incident.id, until)),
+        )
+
+    def _record_found(
+        self, incident: Incident, plan: Planned, job: Job, base: int, ours: bool
+    ) -> None:
+        """Record the steps Slurm shows done that have no record: the controller was killed
+        (or lost Slurm) between a call and the commit of its record. Not the begin time: once
+        released, Slurm no longer shows whether it was moved."""
+        shown = []
+        if ours:
+            shown.append("mark")
+        if job.restart_count > base:
+            shown.append("requeue_hold")
+            if plan.exclude and plan.exclude <= job.excluded_nodes:
+                shown.append("exclude")
+            if ours and not job.held:  # released with our mark: by us (the watchdog unmarks)
+                shown.append("release")
+        if shown:
+            target = f"job {job.job_id}"
+            for step in shown:
+                self._found(incident, plan, step, target)
+
+    def _found(self, incident: Incident, plan: Planned, step: str, target: str) -> None:
+        """Record ``step`` on ``target`` as done, unless it is recorded ok already."""
+        done = self.store.actions(incident_id=incident.id)
+        if any(a.step == step and a.target == target and a.result == "ok" for a in done):
+            return
+        now = self.clock()
+        message = "found done in Slurm, with no record: the controller stopped after the call"
+        with self.store.transaction():
+            self.store.record_action(
+                step,
+                target,
+                result="ok",
+                started_at=now,
+                finished_at=now,
+                advice_id=plan.advice_id,
+                message=message,
+            )
+            self.store.append_audit(
+                "controller",
+                "action",
+                target,
+                {"incident": incident.id, "step": step, "result": "ok", "found": True},
+                ts=now,
+            )
+        log.warning("incident %d: %s %s %s", incident.id, step, target, message)
+
+    def _unmark(self, incident: Incident, plan: Planned, job_id: int) -> bool:
+        """Replace the hold mark by a note, once the job is released."""
+        note = f"srecovery: requeued after incident {incident.id}"
+        if plan.exclude:
+            note += f", excluding {hostlist.compress(plan.exclude)}"
+        return self._step(
+            incident,
+            plan,
+            "unmark",
+            f"job {job_id}",
+            lambda: self.scheduler.set_admin_comment(job_id, note),
         )
 
     def _running_again(self, incident: Incident, job: Job) -> None:

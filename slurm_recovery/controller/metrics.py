@@ -68,6 +68,12 @@ class Metrics:
             registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
         )
+        self.needs_operator = Counter(
+            "srecovery_needs_operator",
+            "Advice that needs an operator (blast radius reached, exclusion cap, ...), by rule",
+            ["rule"],
+            registry=r,
+        )
         self.slurm_unreachable = Counter(
             "srecovery_slurm_unreachable",
             "Passes skipped because slurmctld did not answer",

@@ -56,10 +56,13 @@ class BlastRadius:
 
 @dataclass(frozen=True)
 class EvidenceWindow:
-    """Node evidence counts from ``window_before`` before a failure to ``window_after`` after."""
+    """Node evidence counts from ``window_before`` before a failure to ``window_after`` after.
+    A crash no node evidence explains yet is decided only ``settle`` seconds after it: its
+    node's XID or its last log lines may still be on their way from the sidecar."""
 
     window_before: float = 600.0
     window_after: float = 300.0
+    settle: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,13 @@ KEYS: tuple[Key, ...] = (
         "Node evidence up to this long after a failure can explain it (reports arrive late).",
     ),
     Key(
+        "fatal_evidence_window.settle",
+        "duration, at most 1 minute",
+        "2s",
+        "A crash no node evidence explains yet is decided this long after it, not before: the "
+        "node's XID or the job's last log lines may still be on their way.",
+    ),
+    Key(
         "hang.interval_multiple",
         "number from 1 to 1000",
         10.0,
@@ -370,7 +380,7 @@ _CLASS_KEYS = {
 }
 _SECTION_KEYS = {
     "blast_radius": ("max_nodes", "max_percent", "window"),
-    "fatal_evidence_window": ("window_before", "window_after"),
+    "fatal_evidence_window": ("window_before", "window_after", "settle"),
     "hang": (
         "interval_multiple",
         "floor",
@@ -477,6 +487,16 @@ def _duration_above_zero(value: Any) -> float:
     return seconds
 
 
+def _duration_at_most(limit: float) -> Validator:
+    def check(value: Any) -> float:
+        seconds = parse_duration(value)
+        if seconds > limit:
+            raise ValueError(f"must be at most {limit:g} seconds: recovery waits this long")
+        return seconds
+
+    return check
+
+
 _mode = _choice(*(m.value for m in Mode))
 _action = _choice("requeue_exclude", "requeue", "stop", "none")
 
@@ -494,6 +514,7 @@ _VALIDATORS: Mapping[str, Validator] = MappingProxyType(
         "window": _duration_above_zero,
         "window_before": _duration,
         "window_after": _duration,
+        "settle": _duration_at_most(60.0),
         "interval_multiple": _bounded_number(1.0, 1000.0),
         "floor": _duration_above_zero,
         "ceiling": _duration_above_zero,

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 #: Evidence kinds the sidecar and hooks send (the controller's wire format, docs/controller.md):
-#: - ``xid``          {xid, message, pci?, pid?, process?, origin: "kmsg"|"nvml"|"sim"}
+#: - ``xid``          {xid, message, pci?, pid?, process?, origin: "kmsg"|"nvml"|"sim",
+#:                    repeats? (kmsg: identical XIDs not sent since the last one)}
 #: - ``gpu_finding``  {check, severity, detail, ...} (see GPU_CHECKS)
 #: - ``ib_finding``   {port, check, severity, detail}
 #: - ``gpu_inventory``{gpus: [{index, uuid, pci_bus_id, name, serial}], expected}

@@ -31,7 +31,8 @@ def numbers(value: object) -> list[float]:
 
 @pytest.mark.cluster
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", [b.name for b in BENCHMARKS])
+# soak_faults' scenarios run in tests/integration/test_faults.py (run_kill, run_outage)
+@pytest.mark.parametrize("name", [b.name for b in BENCHMARKS if b.name != "soak_faults"])
 def test_the_quick_mode_runs_and_writes_measured_figures(name, local_cluster, tmp_path):
     argv = [sys.executable, "-m", "bench", "--quick", "--only", name, "--out", str(tmp_path)]
     done = subprocess.run(

@@ -778,7 +778,8 @@ def test_unknown_key_with_nothing_close(tmp_path):
     path = write(tmp_path, "[store]\nzzz = 1\n")
     with pytest.raises(ConfigError) as excinfo:
         load_config(path, env={})
-    assert problems(excinfo) == [f"{path}: store.zzz: unknown key (keys of [store]: path, retention)"]
+    expected = f"{path}: store.zzz: unknown key (keys of [store]: path, retention)"
+    assert problems(excinfo) == [expected]
 
 
 def test_every_problem_is_reported_at_once(tmp_path):

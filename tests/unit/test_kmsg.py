@@ -599,7 +599,7 @@ def test_the_gpu_map_can_come_later(tmp_path, boot):
         assert found[0].gpu is None and "GPU inventory unavailable" in source.status()
         source.set_gpus(GPUS)
         with device.open("a") as kmsg:
-            kmsg.write("4,2,2,-;NVRM: Xid (PCI:0000:86:00): 48, DBE\n")
+            kmsg.write("4,2,20000002,-;NVRM: Xid (PCI:0000:86:00): 48, DBE\n")  # 20 s on
         assert [f.gpu for f in collect(source, 1)] == [1]
     finally:
         source.close()

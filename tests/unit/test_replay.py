@@ -106,6 +106,7 @@ def record(path: Path, policy: Policy, the_job: Job, evidence: list[Evidence], s
     if evidence:
         store.add_evidence(evidence, received_at=NOW - 1)
     slurm = slurm or FakeSlurm([the_job], nodes())
+    clock = [NOW]
     reconciler = Reconciler(
         store=store,
         scheduler=slurm,
@@ -113,8 +114,9 @@ def record(path: Path, policy: Policy, the_job: Job, evidence: list[Evidence], s
         catalogue=CATALOGUE,
         cluster="c1",
         hold_deadline=120.0,
-        clock=lambda: NOW,
+        clock=lambda: clock[0],
     )
+    clock[0] = NOW + policy.fatal_evidence_window.settle  # a crash waits that long for evidence
     reconciler.tick()
     return store, reconciler
 

@@ -33,6 +33,10 @@ FALLEN_OFF_THE_BUS_XID = 79
 #: An inferred XID 79 within this many seconds of another XID 79 on the same GPU is the same
 #: event told twice (the driver logs both "Xid ...: 79" and "GPU ...: GPU has fallen off the bus").
 INFERRED_79_WINDOW = 300.0
+#: The same XID (code and GPU) again within this many seconds of the last one reported is a
+#: repeat: not sent, counted, and the count rides on the next one sent (``repeats``). A GPU
+#: logging thousands of identical XIDs a second costs one event per GPU and code per window.
+REPEAT_WINDOW = 10.0
 
 # /dev/kmsg record: "<priority>,<sequence>,<timestamp us>,<flags>[,more];<message>"
 _RECORD = re.compile(r"^(?P<pri>\d+),(?P<seq>\d+),(?P<ts>\d+),[^;]*;")
@@ -277,6 +281,10 @@ class KmsgSource:
         #: findings returned by ``poll`` and not committed yet
         self._unacked: list[Finding] = []
         self._recent_79: dict[str | None, float] = {}
+        #: (pci, xid) -> when the last one reported was observed, and the repeats since
+        self._last_sent: dict[tuple[str | None, int], float] = {}
+        self._repeats: dict[tuple[str | None, int], int] = {}
+        self._suppressed = 0
         self._thread = threading.Thread(target=self._run, name="srecovery-kmsg", daemon=True)
         self._thread.start()
 
@@ -292,14 +300,18 @@ class KmsgSource:
             gpus = self._gpu_map()
             for xid_line, read_at in batch:
                 observed = self._observed_at(xid_line, read_at, now)
-                if self._duplicate_79(xid_line, observed):
+                if self._duplicate_79(xid_line, observed) or self._repeat(xid_line, observed):
                     continue
+                payload = xid_line.to_payload()
+                repeats = self._repeats.pop((xid_line.pci, xid_line.xid), 0)
+                if repeats:
+                    payload["repeats"] = repeats
                 self._unacked.append(
                     Finding(
                         kind="xid",
                         observed_at=observed,
                         gpu=_gpu_of(xid_line.pci, gpus),
-                        payload=xid_line.to_payload(),
+                        payload=payload,
                     )
                 )
         return list(self._unacked)
@@ -329,6 +341,11 @@ class KmsgSource:
             problems = [p for p in (self._error, self._state_error, self._gpu_error) if p]
             if self._dropped:
                 problems.append(f"{self._dropped} XIDs dropped (reader queue full)")
+            if self._suppressed:
+                problems.append(
+                    f"{self._suppressed} repeated XIDs not sent (same GPU and code within "
+                    f"{REPEAT_WINDOW:g}s)"
+                )
             if self._overruns:
                 problems.append(f"kernel ring buffer overran {self._overruns} times")
         return "; ".join(problems) or "ok"
@@ -355,6 +372,17 @@ class KmsgSource:
         if xid_line.timestamp_us is None:
             return min(read_at, now)
         return min(self._boot_time + xid_line.timestamp_us / 1e6, now)
+
+    def _repeat(self, xid_line: XidLine, observed: float) -> bool:
+        """The same code on the same GPU within REPEAT_WINDOW of the last one reported."""
+        key = (xid_line.pci, xid_line.xid)
+        last = self._last_sent.get(key)
+        if last is not None and 0 <= observed - last < REPEAT_WINDOW:
+            self._repeats[key] = self._repeats.get(key, 0) + 1
+            self._suppressed += 1
+            return True
+        self._last_sent[key] = observed
+        return False
 
     def _duplicate_79(self, xid_line: XidLine, observed: float) -> bool:
         if xid_line.xid != FALLEN_OFF_THE_BUS_XID:
