@@ -251,6 +251,20 @@ def task_pids(job_id: int, node: str) -> list[int]:
     return found
 
 
+def incident_fields(story: dict) -> dict:
+    """What a trial records of its incident: kind, verdict, advice, outcome."""
+    advice = story["advice"] or {}
+    return {
+        "incident": story["id"],
+        "incident_kind": story["kind"],
+        "fault_class": (advice.get("verdict") or {}).get("fault_class"),
+        "advice": advice.get("action"),
+        "exclude": advice.get("exclude"),
+        "drain": advice.get("drain"),
+        "outcome": story["outcome"],
+    }
+
+
 def latency(ms: dict[str, float], start: str, end: str) -> float | None:
     return ms[end] - ms[start] if start in ms and end in ms else None
 
@@ -302,13 +316,7 @@ def xid_trial(ours: Ours, kind: str, rng: random.Random, jitter: float) -> dict[
         m = milestone_times(story)
         advice = story["advice"] or {}
         row.update(
-            incident=story["id"],
-            incident_kind=story["kind"],
-            fault_class=(advice.get("verdict") or {}).get("fault_class"),
-            advice=advice.get("action"),
-            exclude=advice.get("exclude"),
-            drain=advice.get("drain"),
-            outcome=story["outcome"],
+            **incident_fields(story),
             detection=m["detected"] - failed,
             action=latency(m, "detected", "released"),
             action_seen=seen["released"] - m["detected"],
@@ -355,13 +363,7 @@ def hang_trial(ours: Ours, steps: int) -> dict[str, Any]:
         advice = story["advice"] or {}
         again = ours.job(job_id)
         row.update(
-            incident=story["id"],
-            incident_kind=story["kind"],
-            fault_class=(advice.get("verdict") or {}).get("fault_class"),
-            advice=advice.get("action"),
-            exclude=advice.get("exclude"),
-            drain=advice.get("drain"),
-            outcome=story["outcome"],
+            **incident_fields(story),
             deadline=m["failure"] - failed,
             overshoot=hang_overshoot(story),
             detection=m["detected"] - failed,
@@ -399,14 +401,8 @@ def app_bug_trial(ours: Ours, rng: random.Random, jitter: float) -> dict[str, An
         advice = story["advice"] or {}
         verdict = advice.get("verdict") or {}
         row.update(
-            incident=story["id"],
-            incident_kind=story["kind"],
-            fault_class=verdict.get("fault_class"),
+            **incident_fields(story),
             blamed=verdict.get("nodes"),
-            advice=advice.get("action"),
-            exclude=advice.get("exclude"),
-            drain=advice.get("drain"),
-            outcome=story["outcome"],
             detection=m["detected"] - failed,
             action=latency(m, "detected", "stopped"),
             controller=story["latencies"],
