@@ -56,3 +56,19 @@ def test_thousands_of_identical_xids_a_second_become_one_per_window(tmp_path, bo
         )
     finally:
         source.close()
+
+
+def test_a_storm_of_one_code_never_pushes_another_xid_out_of_the_queue(tmp_path, boot):
+    device = tmp_path / "kmsg"
+    device.touch()
+    flood(device, 1, 1_000_000, 3000)  # far more than the queue holds ...
+    with device.open("a") as out:  # ... with the XID that matters at the end
+        out.write("4,5001,1700000,-;NVRM: Xid (PCI:0000:86:00): 79, GPU has fallen off the bus.\n")
+    source = make(tmp_path, boot, device, max_pending=5)
+    try:
+        time.sleep(1.0)  # the reader takes everything before the first poll
+        found = collect(source, 2, now=BOOT_TIME + 3600)
+        assert [f.payload["xid"] for f in found] == [13, 79]
+        assert "dropped" not in source.status()
+    finally:
+        source.close()

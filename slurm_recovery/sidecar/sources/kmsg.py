@@ -265,7 +265,8 @@ class KmsgSource:
         self._reopen_interval = reopen_interval
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._pending: deque[tuple[XidLine, float]] = deque()
+        #: (XID, when read, repeats of its code on its GPU held back before it)
+        self._pending: deque[tuple[XidLine, float, int]] = deque()
         self._max_pending = max_pending
         self._dropped = 0
         self._overruns = 0
@@ -298,12 +299,9 @@ class KmsgSource:
             self._handed = self._highest
         if batch:
             gpus = self._gpu_map()
-            for xid_line, read_at in batch:
+            for xid_line, read_at, repeats in batch:
                 observed = self._observed_at(xid_line, read_at, now)
-                if self._duplicate_79(xid_line, observed) or self._repeat(xid_line, observed):
-                    continue
                 payload = xid_line.to_payload()
-                repeats = self._repeats.pop((xid_line.pci, xid_line.xid), 0)
                 if repeats:
                     payload["repeats"] = repeats
                 self._unacked.append(
@@ -461,10 +459,16 @@ class KmsgSource:
                 self._highest = seq
             if found is None:
                 return
+            # a repeat is counted here, in the reader, so that a storm of one code never
+            # takes the queue's places from the other XIDs
+            observed = self._observed_at(found, read_at, read_at)
+            if self._duplicate_79(found, observed) or self._repeat(found, observed):
+                return
+            repeats = self._repeats.pop((found.pci, found.xid), 0)
             if len(self._pending) >= self._max_pending:
                 self._pending.popleft()
                 self._dropped += 1
-            self._pending.append((found, read_at))
+            self._pending.append((found, read_at, repeats))
 
     # ------------------------------------------------------------------ the cursor file
 
