@@ -83,6 +83,7 @@ def tls_controller(local_cluster, pki) -> Iterator[tuple[str, Path]]:
             break
         except ClientError as exc:
             if time.monotonic() > deadline or not localcluster.process_alive(pid, ""):
+                localcluster.stop_process(pid, "slurm_recovery.controller")
                 pytest.fail(f"TLS controller not up: {exc}\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
     try:
