@@ -432,3 +432,13 @@ def test_without_a_resolver_only_the_paths_the_hooks_gave_are_followed(tmp_path)
     started(source, 7)
     started(source, 8, stdout=str(tmp_path / "%x-8.out"))
     assert source.poll(100.0) == [] and source.jobs == {}
+
+
+def test_paths_the_hooks_named_in_full_are_not_asked_of_slurm(tmp_path):
+    out = tmp_path / "train-7.out"  # -o without -e: Slurm names one file for both streams
+    slurm = SlurmAnswers({})
+    source = JobLogSource("n1", resolve=slurm)
+    started(source, 7, stdout=str(out), stderr=str(out), stdout_offset=0, stderr_offset=0)
+    source.poll(100.0)
+    assert slurm.asked == [] and source.jobs[7].asked is None
+    assert [s.path for s in source.jobs[7].streams] == [str(out)]

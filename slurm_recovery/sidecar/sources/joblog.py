@@ -197,14 +197,16 @@ class JobLogSource:
         for known in (current, self.next_attempt.get(job_id)):
             if known is not None and not known.ending and known.restart_count == count:
                 return  # the same attempt's job_start again
-        streams = [s for s in _streams(payload) if not _UNFILLED.search(s.path)]
+        given = [payload.get(k) for k in ("stdout", "stderr")]
+        unnamed = not given[0] or any(
+            isinstance(path, str) and _UNFILLED.search(path) for path in given
+        )
         asked = None
-        if self.resolve is not None and (
-            not payload.get("stdout")
-            or len(streams) < len([k for k in ("stdout", "stderr") if payload.get(k)])
-        ):
+        if self.resolve is not None and unnamed:
             asked = self._ask(job_id)
             streams = []  # all from Slurm's answer: it names both files
+        else:
+            streams = [s for s in _streams(payload) if not _UNFILLED.search(s.path)]
         if not streams and asked is None:
             return
         job = _Followed(
