@@ -8,24 +8,17 @@ from slurm_recovery.controller.loop import Reconciler
 from slurm_recovery.decide.model import FaultClass
 from slurm_recovery.scheduler.base import ExitCode
 from slurm_recovery.store import Store
-from tests.unit.test_replay import CATALOGUE, NOW, WIDE, FakeSlurm, job, nodes, xid
+from tests.unit.test_loop_faults import reconciler
+from tests.unit.test_replay import NOW, WIDE, FakeSlurm, job, nodes, xid
 
 CRASHED = job("FAILED", exit_code=ExitCode(1, 0))
 
 
 def controller(tmp_path) -> tuple[Store, Reconciler, list[float]]:
+    """A controller whose clock the test moves; the job ended at NOW, after it started."""
     store = Store.open(tmp_path / "state.db")
-    clock = [NOW]  # the job ended at NOW, after the controller started
-    reconciler = Reconciler(
-        store=store,
-        scheduler=FakeSlurm([CRASHED], nodes()),
-        policy=WIDE,
-        catalogue=CATALOGUE,
-        cluster="c1",
-        hold_deadline=120.0,
-        clock=lambda: clock[0],
-    )
-    return store, reconciler, clock
+    clock = [NOW]
+    return store, reconciler(store, FakeSlurm([CRASHED], nodes()), clock), clock
 
 
 def test_a_crash_waits_for_the_xid_that_arrives_after_the_jobs_end(tmp_path):
