@@ -175,6 +175,11 @@ class Ours:
         except SchedulerError:
             return None
 
+    def running_nodes(self, job_id: int) -> list[str]:
+        """The nodes of the job once Slurm shows it RUNNING (TimeoutError after 60 s)."""
+        first = wait(lambda: (j := self.job(job_id)) and j.state == "RUNNING" and j, 60, POLL_S)
+        return list(first.nodes)
+
     def incident(self, job_id: int, timeout: float = 60.0) -> dict[str, Any]:
         """The job's first incident, once the controller has closed it (it has an outcome)."""
         return wait(
@@ -279,8 +284,7 @@ def xid_trial(ours: Ours, kind: str, rng: random.Random, jitter: float) -> dict[
     row: dict[str, Any] = {"job_id": job_id, "problems": []}
     nodes: list[str] = []
     try:
-        first = wait(lambda: (j := ours.job(job_id)) and j.state == "RUNNING" and j, 60, POLL_S)
-        nodes = list(first.nodes)
+        nodes = ours.running_nodes(job_id)
         bad = nodes[-1]
         row["nodes"], row["node"] = nodes, bad
         # srun has started the task there (found now: a scan of /proc under load can take
@@ -345,8 +349,7 @@ def hang_trial(ours: Ours, steps: int) -> dict[str, Any]:
     row: dict[str, Any] = {"job_id": job_id, "problems": []}
     nodes: list[str] = []
     try:
-        first = wait(lambda: (j := ours.job(job_id)) and j.state == "RUNNING" and j, 60, POLL_S)
-        nodes = list(first.nodes)
+        nodes = ours.running_nodes(job_id)
         row["nodes"] = nodes
         row["load_average"] = loadavg()
         seen = watch(
@@ -390,8 +393,7 @@ def app_bug_trial(ours: Ours, rng: random.Random, jitter: float) -> dict[str, An
     row: dict[str, Any] = {"job_id": job_id, "problems": []}
     nodes: list[str] = []
     try:
-        first = wait(lambda: (j := ours.job(job_id)) and j.state == "RUNNING" and j, 60, POLL_S)
-        nodes = list(first.nodes)
+        nodes = ours.running_nodes(job_id)
         row["nodes"] = nodes
         row["load_average"] = loadavg()
         story = ours.incident(job_id)
