@@ -1,16 +1,19 @@
-"""Run the benchmarks: ``python -m bench [--quick] [--only NAME ...] [--out DIR]``.
+"""Run the benchmarks: ``python -m bench [--quick] [--only NAME ...] [--out DIR] [--slurm S]``.
 
 Each benchmark is its own script (``bench/NAME.py``, one command that prints a table) and runs
 here as a subprocess with ``--json OUT/NAME.json``; ``--quick`` passes ``--quick`` to each, a
 mode of seconds to a couple of minutes that runs in CI so the benchmarks never rot (no
 thresholds are asserted: the figures are for people, in docs/performance.md). The ones that
 bring up the local Slurm stack need root, as the tests do. Exit status: 0 when every benchmark
-that ran exited 0.
+that ran exited 0. ``--slurm 24.11`` runs them on that release (built by scripts/build-slurm):
+its programs go first on the benchmarks' PATH. Each run gets a new stack directory and free
+ports, so runs on different releases never share state.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -48,7 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME", choices=[b.name for b in BENCHMARKS])
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="JSON files here")
     parser.add_argument("--munge-socket", help="a running munged's socket, for munge_rate")
+    parser.add_argument("--slurm", default="default", help="Slurm release: default or 24.11...")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(HERE.parent))
+    from slurm_recovery import localcluster
+
+    env = dict(os.environ)
+    prefix = localcluster.resolve_slurm(args.slurm)
+    if prefix:
+        env["PATH"] = localcluster.path_with_slurm(prefix, env.get("PATH", ""))
     chosen = [b for b in BENCHMARKS if not args.only or b.name in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[str, str, float, str]] = []
@@ -64,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             argv_ += [bench.munge_option, args.munge_socket]
         print(f"\n=== {bench.name}: {bench.what}\n$ {' '.join(argv_[1:])}", flush=True)
         started = time.monotonic()
-        code = subprocess.run(argv_, cwd=HERE.parent).returncode
+        code = subprocess.run(argv_, cwd=HERE.parent, env=env).returncode
         seconds = time.monotonic() - started
         status = "ok" if code == 0 and out.exists() else f"FAILED (exit {code})"
         if code == 0 and not out.exists():

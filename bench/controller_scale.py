@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil
 from report import write_json
+from support import add_stack_options, fill_stack_options
 
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.config import DEFAULTS
@@ -755,9 +756,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, help="s before the window (default 5; 2 quick)")
     parser.add_argument("--tail", type=float, default=15.0, help="load kept on while deciding")
     parser.add_argument("--max-outstanding", type=int, default=4000)
-    parser.add_argument("--base", type=Path, default=Path("/tmp/srecovery-scale"))
-    parser.add_argument("--port-base", type=int, default=18000)
-    parser.add_argument("--api-port", type=int, default=18800)
+    add_stack_options(parser)
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--keep", action="store_true", help="leave the stack running")
     parser.add_argument(
@@ -776,6 +775,7 @@ def main() -> int:
     if args.generator:
         generate(json.loads(args.generator.read_text()))
         return 0
+    fill_stack_options(args, "scale", ports=PHANTOM_PORT_OFFSET + 1)
     nodes = args.nodes or ([100, 1000] if args.quick else [100, 1000, 10_000])
     args.duration = args.duration or (4.0 if args.quick else 30.0)
     args.warmup = args.warmup if args.warmup is not None else (2.0 if args.quick else 5.0)

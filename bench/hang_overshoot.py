@@ -22,7 +22,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from report import write_json
-from support import HANG_POLICY, hang_overshoot, hang_training_script, job_incidents, wait
+from support import (
+    HANG_POLICY,
+    add_stack_options,
+    fill_stack_options,
+    hang_overshoot,
+    hang_training_script,
+    job_incidents,
+    wait,
+)
 
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.client import ControllerClient
@@ -32,12 +40,11 @@ from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--base", type=Path, default=Path("/tmp/srecovery-bench-hang"))
-    parser.add_argument("--port-base", type=int, default=17500)
-    parser.add_argument("--api-port", type=int, default=17965)
+    add_stack_options(parser)
     parser.add_argument("--quick", action="store_true", help="one trial (for CI)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    fill_stack_options(args, "hang")
     if args.quick:
         args.trials = 1
     stack = devstack.up(

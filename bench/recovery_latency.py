@@ -82,6 +82,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import write_json
 from support import (
     HANG_POLICY,
+    add_stack_options,
+    fill_stack_options,
     hang_overshoot,
     hang_training_script,
     job_incidents,
@@ -756,9 +758,7 @@ def main() -> int:
     )
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--nodes", type=int, default=4, help="nodes of our stack (default 4)")
-    parser.add_argument("--base", type=Path, default=Path("/tmp/srecovery-bench"))
-    parser.add_argument("--port-base", type=int, default=17400)
-    parser.add_argument("--api-port", type=int, default=17865)
+    add_stack_options(parser)
     parser.add_argument(
         "--jitter",
         type=float,
@@ -781,11 +781,19 @@ def main() -> int:
     parser.add_argument("--baseline-trials", type=int, help="default: --trials")
     parser.add_argument("--baseline-nodes", type=int, default=32)
     parser.add_argument("--baseline-wave", type=int, default=10, help="jobs at once")
-    parser.add_argument("--baseline-base", type=Path, default=Path("/tmp/srecovery-bench-base"))
-    parser.add_argument("--baseline-port-base", type=int, default=17600)
+    parser.add_argument("--baseline-base", type=Path, help="default: a new directory")
+    parser.add_argument("--baseline-port-base", type=int, help="default: free ports")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--keep", action="store_true", help="leave the stacks running")
     args = parser.parse_args()
+    fill_stack_options(args, "latency")
+    if args.baseline_base is None:
+        args.baseline_base = Path(tempfile.mkdtemp(prefix="srecovery-bench-baseline-"))
+        args.baseline_base.chmod(0o755)
+    if args.baseline_port_base is None:
+        args.baseline_port_base = localcluster.free_port_block(
+            args.baseline_nodes + 1, start=args.api_port + 1
+        )
     # SIGTERM (a CI timeout, kill PID) stops the stacks too: the finally clauses run
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     trials = 1 if args.quick else args.trials

@@ -48,6 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import write_json
+from bench.support import add_stack_options, fill_stack_options
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.client import ControllerClient
 from slurm_recovery.controller.wire import event_to_json
@@ -457,10 +458,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outage", type=float, default=600.0, help="outage: seconds")
     parser.add_argument("--every", type=float, default=2.0, help="outage: event interval, s")
     parser.add_argument("--quick", action="store_true", help="3 kill trials, a 20 s outage")
-    parser.add_argument("--base", type=Path, default=Path("/tmp/srecovery-faults-bench"))
-    parser.add_argument("--port-base", type=int, default=27400)
+    add_stack_options(parser, api_port=False)
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
+    fill_stack_options(args, "faults", ports=120)  # the controllers' ports follow the cluster's
     # stopped with SIGTERM (or SIGINT in the background): stop the cluster on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, lambda *_: sys.exit(130))

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from report import write_json
-from support import job_incidents, milestone_times, wait
+from support import add_stack_options, fill_stack_options, job_incidents, milestone_times, wait
 
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.client import ControllerClient
@@ -68,12 +68,11 @@ srun -N2 -n2 {python} {rank} "$(date +%s.%N)" {onset}
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--base", type=Path, default=Path("/tmp/srecovery-bench-straggler"))
-    parser.add_argument("--port-base", type=int, default=17600)
-    parser.add_argument("--api-port", type=int, default=17966)
+    add_stack_options(parser)
     parser.add_argument("--quick", action="store_true", help="one trial (for CI)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    fill_stack_options(args, "straggler")
     if args.quick:
         args.trials = 1
     stack = devstack.up(

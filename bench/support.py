@@ -1,15 +1,19 @@
 """What the benchmarks that drive a dev stack share: waiting for a condition, reading a job's
-incidents and milestone times from the controller, quantiles, and the hang workload."""
+incidents and milestone times from the controller, quantiles, the hang workload, and a fresh
+place (directory, ports) for each run's stack."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from slurm_recovery import localcluster
 from slurm_recovery.client import ClientError, ControllerClient
 
 T = TypeVar("T")
@@ -85,3 +89,23 @@ def hang_overshoot(story: dict[str, Any]) -> float:
     ``failure`` milestone is the moment the no-progress deadline passed."""
     m = milestone_times(story)
     return m["detected"] - m["failure"]
+
+
+def add_stack_options(parser: argparse.ArgumentParser, *, api_port: bool = True) -> None:
+    """--base, --port-base (and --api-port): unset, each run gets a new base directory and free
+    ports, as the tests do, so runs on different Slurm releases never share state."""
+    parser.add_argument("--base", type=Path, help="stack directory (default: a new one)")
+    parser.add_argument("--port-base", type=int, help="slurmctld's port (default: free ports)")
+    if api_port:
+        parser.add_argument("--api-port", type=int, help="controller port (default: a free one)")
+
+
+def fill_stack_options(args: argparse.Namespace, name: str, ports: int = 80) -> None:
+    """Fill what :func:`add_stack_options` left unset."""
+    if args.base is None:
+        args.base = Path(tempfile.mkdtemp(prefix=f"srecovery-bench-{name}-"))
+        args.base.chmod(0o755)  # munged (user munge) must reach its socket inside
+    if args.port_base is None:
+        args.port_base = localcluster.free_port_block(ports)
+    if getattr(args, "api_port", 0) is None:
+        args.api_port = localcluster.free_port_block(1, start=args.port_base + ports)

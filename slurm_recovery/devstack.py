@@ -31,11 +31,14 @@ class DevStack:
     url: str
 
     def exports(self) -> dict[str, str]:
-        return {
+        exports = {
             "SLURM_CONF": str(self.cluster.slurm_conf),
             "SRECOVERY_URL": self.url,
             "SRECOVERY_CONFIG": str(self.config),
         }
+        if self.cluster.slurm_prefix:  # sbatch, squeue... of the stack's own release
+            exports["PATH"] = localcluster.slurm_env(self.cluster)["PATH"]
+        return exports
 
 
 def write_policy(path: Path, mode: str, extra: str = "") -> None:
@@ -65,6 +68,7 @@ def write_config(
 [scheduler]
 backend = "scontrol"
 slurm_conf = "{cluster.slurm_conf}"
+slurm_bin_dir = "{cluster.slurm_prefix + "/bin" if cluster.slurm_prefix else ""}"
 command_timeout = 10
 
 [store]
@@ -113,14 +117,14 @@ def start_controller(
     return localcluster.spawn_daemon(argv, log, {**os.environ, **(env or {})})
 
 
-def start_sidecar(config: Path, node: str, log: Path) -> int:
+def start_sidecar(config: Path, node: str, log: Path, *, env: dict[str, str] | None = None) -> int:
     argv = [sys.executable, "-m", "slurm_recovery.sidecar", "--config", str(config), "--node", node]
-    return localcluster.spawn_daemon(argv, log, dict(os.environ))
+    return localcluster.spawn_daemon(argv, log, {**os.environ, **(env or {})})
 
 
-def start_watchdog(config: Path, log: Path) -> int:
+def start_watchdog(config: Path, log: Path, *, env: dict[str, str] | None = None) -> int:
     argv = [sys.executable, "-m", "slurm_recovery.cli", "--config", str(config), "watchdog"]
-    return localcluster.spawn_daemon(argv, log, dict(os.environ))
+    return localcluster.spawn_daemon(argv, log, {**os.environ, **(env or {})})
 
 
 def wait_healthy(url: str, timeout: float = 30.0, pid: int | None = None) -> None:
@@ -150,15 +154,21 @@ def up(
     api_port: int = DEV_API_PORT,
     gpus_per_node: int = 8,
     policy_extra: str = "",
+    slurm: str = "default",
 ) -> DevStack:
     """Cluster (with the hooks, TaskProlog included, in its slurm.conf), controller, watchdog
-    and one sidecar per node with simulated GPUs; idempotent."""
+    and one sidecar per node with simulated GPUs; idempotent. ``slurm``: the release to run
+    (``default`` = apt's, or a series built by scripts/build-slurm)."""
     from slurm_recovery.hooks import slurm_conf_lines, write_hook_wrappers
 
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o755)
     spec = localcluster.ClusterSpec(
-        base=base / "cluster", nodes=nodes, port_base=port_base, name="srdev"
+        base=base / "cluster",
+        nodes=nodes,
+        port_base=port_base,
+        name="srdev",
+        slurm_prefix=localcluster.resolve_slurm(slurm),
     )
     write_policy(base / "policy.toml", mode, policy_extra)
     config = write_config(base, spec, api_port, gpus_per_node=gpus_per_node)
@@ -169,14 +179,15 @@ def up(
     state = _load(base)
     logs = base / "log"
     logs.mkdir(exist_ok=True)
+    env = localcluster.slurm_env(spec)  # the daemons run the stack's own Slurm commands
     if not localcluster.process_alive(state.get("controller", 0), "slurm_recovery.controller"):
-        state["controller"] = start_controller(config, logs / "controller.log")
+        state["controller"] = start_controller(config, logs / "controller.log", env=env)
     if not localcluster.process_alive(state.get("watchdog", 0), "watchdog"):
-        state["watchdog"] = start_watchdog(config, logs / "watchdog.log")
+        state["watchdog"] = start_watchdog(config, logs / "watchdog.log", env=env)
     for node in spec.node_names:
         key = f"sidecar:{node}"
         if not localcluster.process_alive(state.get(key, 0), f"--node {node}"):
-            state[key] = start_sidecar(config, node, logs / f"sidecar-{node}.log")
+            state[key] = start_sidecar(config, node, logs / f"sidecar-{node}.log", env=env)
     (base / STATE_FILE).write_text(json.dumps(state))
     wait_healthy(url, pid=state["controller"])
     return DevStack(base=base, cluster=spec, config=config, url=url)

@@ -29,6 +29,10 @@ DEFAULT_PORT_BASE = 17000
 STATE_FILE = "cluster.json"
 DEBIAN_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 MUNGE_KEY = Path("/etc/munge/munge.key")
+#: Where scripts/build-slurm puts the Slurm releases apt does not install (/opt/slurm/24.11).
+BUILT_SLURM = Path(os.environ.get("SRECOVERY_SLURM_ROOT", "/opt/slurm"))
+#: Releases scripts/build-slurm knows; ``--slurm`` takes one of these or ``default``.
+SLURM_SERIES = ("22.05", "24.11")
 
 
 class ClusterError(RuntimeError):
@@ -45,6 +49,8 @@ class ClusterSpec:
     name: str = "srlocal"
     cpus_per_node: int = 2
     extra_conf: list[str] = field(default_factory=list)
+    #: Install prefix of the Slurm to run ("" = the programs on PATH, what apt installed).
+    slurm_prefix: str = ""
 
     @property
     def node_names(self) -> list[str]:
@@ -53,6 +59,14 @@ class ClusterSpec:
     @property
     def slurm_conf(self) -> Path:
         return self.base / "etc" / "slurm.conf"
+
+    @property
+    def state_dir(self) -> Path:
+        """StateSaveLocation, one per release: a newer slurmctld rewrites files there (the
+        clustername file) in a form an older one refuses ("CLUSTER NAME MISMATCH")."""
+        if not self.slurm_prefix:
+            return self.base / "state"
+        return self.base / f"state-{Path(self.slurm_prefix).name}"
 
     @property
     def munge_socket(self) -> Path:
@@ -74,7 +88,6 @@ class ClusterSpec:
 def render_slurm_conf(spec: ClusterSpec, hostname: str) -> str:
     """slurm.conf for ``spec``: several slurmd on this host, every port on loopback."""
     b = spec.base
-    last = spec.port_base + spec.nodes
     lines = [
         "# Written by scripts/local-cluster; rewritten on every `up`.",
         f"ClusterName={spec.name}",
@@ -85,7 +98,7 @@ def render_slurm_conf(spec: ClusterSpec, hostname: str) -> str:
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"AuthInfo=socket={spec.munge_socket}",
-        f"StateSaveLocation={b}/state",
+        f"StateSaveLocation={spec.state_dir}",
         f"SlurmdSpoolDir={b}/spool/%n",
         f"SlurmctldPidFile={b}/run/slurmctld.pid",
         f"SlurmdPidFile={b}/run/slurmd-%n.pid",
@@ -109,8 +122,8 @@ def render_slurm_conf(spec: ClusterSpec, hostname: str) -> str:
         "SlurmdTimeout=60",
         *spec.extra_conf,
         f"NodeName=n[1-{spec.nodes}] NodeHostname={hostname} NodeAddr=127.0.0.1 "
-        f"Port=[{spec.port_base + 1}-{last}] CPUs={spec.cpus_per_node} RealMemory=1000 "
-        "State=UNKNOWN",
+        f"Port=[{spec.port_base + 1}-{spec.port_base + spec.nodes}] CPUs={spec.cpus_per_node} "
+        "RealMemory=1000 State=UNKNOWN",
         f"PartitionName=debug Nodes=n[1-{spec.nodes}] Default=YES MaxTime=INFINITE State=UP",
     ]
     return "\n".join(lines) + "\n"
@@ -253,8 +266,86 @@ def _save_state(base: Path, state: dict) -> None:
 
 
 def slurm_env(spec: ClusterSpec) -> dict[str, str]:
-    """The environment for Slurm commands against this cluster."""
-    return {**os.environ, "SLURM_CONF": str(spec.slurm_conf)}
+    """The environment for Slurm commands against this cluster: its SLURM_CONF, and its
+    release's programs first on PATH (for the daemons too, so hooks find the same scontrol)."""
+    env = {**os.environ, "SLURM_CONF": str(spec.slurm_conf)}
+    if spec.slurm_prefix:
+        env["PATH"] = path_with_slurm(spec.slurm_prefix, env.get("PATH", ""))
+    return env
+
+
+def path_with_slurm(prefix: str, path: str) -> str:
+    """``path`` with ``prefix``'s bin and sbin first (and not repeated)."""
+    first = [f"{prefix}/bin", f"{prefix}/sbin"]
+    rest = [p for p in path.split(os.pathsep) if p and p not in first]
+    return os.pathsep.join(first + rest)
+
+
+def _program(spec: ClusterSpec, name: str) -> str:
+    """The path of a Slurm program of this cluster's release."""
+    if not spec.slurm_prefix:
+        return name
+    sub = "sbin" if name in ("slurmctld", "slurmd", "slurmstepd") else "bin"
+    return f"{spec.slurm_prefix}/{sub}/{name}"
+
+
+def _release_of(slurmctld: str) -> str:
+    """``"24.11"`` from ``slurmctld -V`` (``slurm 24.11.5``; the client commands need a
+    slurm.conf even for ``--version``); "" when it cannot run."""
+    try:
+        out = subprocess.run([slurmctld, "-V"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    words = out.stdout.split()
+    return ".".join(words[-1].split(".")[:2]) if out.returncode == 0 and words else ""
+
+
+def resolve_slurm(series: str) -> str:
+    """The install prefix for ``--slurm SERIES`` ("" = the Slurm on PATH).
+
+    ``default`` (or "") is whatever apt installed. A named series is the build under
+    ``/opt/slurm/SERIES`` (scripts/build-slurm) or, when that is absent and apt's Slurm is
+    that series (24.11 on Debian 13), apt's.
+    """
+    if series in ("", "default"):
+        return ""
+    built = BUILT_SLURM / series
+    if _release_of(str(built / "sbin" / "slurmctld")) == series:
+        return str(built)
+    if shutil.which("slurmctld") and _release_of("slurmctld") == series:
+        return ""
+    known = ", ".join(SLURM_SERIES)
+    raise ClusterError(
+        f"Slurm {series} is not installed here: run `scripts/build-slurm {series}` "
+        f"(builds it under {built}; known series: {known}), or use --slurm default"
+    )
+
+
+def other_series() -> str:
+    """The series scripts/bootstrap builds beside apt's: 24.11 beside Debian 12's 22.05,
+    22.05 beside Debian 13's 24.11 (so the tests can run on both everywhere)."""
+    return "22.05" if _release_of("slurmctld") == "24.11" else "24.11"
+
+
+def slurm_release(spec: ClusterSpec) -> str:
+    """The series (``22.05``) of the Slurm this cluster runs."""
+    return _release_of(_program(spec, "slurmctld"))
+
+
+def free_port_block(count: int, start: int = 27000, stop: int = 60000) -> int:
+    """First port p with p..p+count-1 all free on loopback (so clusters never clash), from a
+    point in [start, stop) that depends on the process, wrapping around at ``stop``."""
+    start = min(start, stop - count - 1)
+    first = start + (os.getpid() % 500) * 20 % max(stop - start - count, 1)
+    for base in [*range(first, stop - count, count + 1), *range(start, first, count + 1)]:
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise ClusterError(f"no block of {count} free ports on loopback in [{start}, {stop})")
 
 
 # --- install and munge -----------------------------------------------------------------
@@ -327,7 +418,7 @@ def node_states(spec: ClusterSpec) -> dict[str, str]:
     """``{"n1": "idle", ...}`` as sinfo reports them (lower-case, ``*`` when not responding)."""
     try:
         out = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", "%N %t"],
+            [_program(spec, "sinfo"), "-h", "-N", "-o", "%N %t"],
             env=slurm_env(spec),
             capture_output=True,
             text=True,
@@ -364,24 +455,44 @@ def _wait_for_nodes(spec: ClusterSpec, timeout: float) -> dict[str, str]:
 
 
 def up(spec: ClusterSpec, timeout: float = 90.0, keep_state: bool = False) -> ClusterSpec:
-    """Start whatever is not running yet; harmless when the cluster is already up."""
+    """Start whatever is not running yet; harmless when the cluster is already up.
+
+    An ``up`` that fails stops what it started itself (a munged or slurmd left behind would
+    hold the base and its ports), and leaves running what an earlier ``up`` started."""
     if os.geteuid() != 0:
         raise ClusterError("the local cluster runs slurmd as root: run as root")
     ensure_packages()
     state = _load_state(spec.base)
     if state is not None:
         recorded = ClusterSpec.from_json(state["spec"])
-        if (recorded.nodes, recorded.port_base, recorded.name) != (
+        if (recorded.nodes, recorded.port_base, recorded.name, recorded.slurm_prefix) != (
             spec.nodes,
             spec.port_base,
             spec.name,
+            spec.slurm_prefix,
         ) and any_running(recorded):
             raise ClusterError(
-                f"a cluster with {recorded.nodes} nodes on port {recorded.port_base} is "
-                f"running in {spec.base}; run `down --base {spec.base}` first"
+                f"a cluster with {recorded.nodes} nodes on port {recorded.port_base} "
+                f"(Slurm {recorded.slurm_prefix or 'on PATH'}) is running in {spec.base}; "
+                f"run `down --base {spec.base}` first"
             )
     pids: dict[str, int] = dict(state["pids"]) if state else {}
-    for sub in ("etc", "state", "run", "log", "spool"):
+    before = dict(pids)
+    try:
+        return _start(spec, pids, timeout, keep_state)
+    except BaseException:
+        for label, pid, must in _processes(spec, pids):
+            if before.get(label) != pid:
+                stop_process(pid, must)
+                pids.pop(label, None)
+        _save_state(spec.base, {"spec": spec.to_json(), "pids": pids})
+        raise
+
+
+def _start(
+    spec: ClusterSpec, pids: dict[str, int], timeout: float, keep_state: bool
+) -> ClusterSpec:
+    for sub in ("etc", spec.state_dir.name, "run", "log", "spool"):
         (spec.base / sub).mkdir(parents=True, exist_ok=True)
     for node in spec.node_names:
         (spec.base / "spool" / node).mkdir(exist_ok=True)
@@ -411,7 +522,7 @@ def up(spec: ClusterSpec, timeout: float = 90.0, keep_state: bool = False) -> Cl
         _wait(lambda: _munge_works(spec), 10, "munged did not start", log / "munged.log")
 
     if not process_alive(pids.get("slurmctld", 0), "slurmctld"):
-        argv = ["slurmctld", "-D", "-f", str(spec.slurm_conf)]
+        argv = [_program(spec, "slurmctld"), "-D", "-f", str(spec.slurm_conf)]
         if not keep_state:
             argv.append("-c")  # a fresh cluster: no jobs or drains from an earlier run
         pids["slurmctld"] = spawn_daemon(argv, log / "slurmctld.out", env)
@@ -427,7 +538,7 @@ def up(spec: ClusterSpec, timeout: float = 90.0, keep_state: bool = False) -> Cl
         key = f"slurmd:{node}"
         if not process_alive(pids.get(key, 0), f"-N {node}"):
             pids[key] = spawn_daemon(
-                ["slurmd", "-D", "-N", node, "-f", str(spec.slurm_conf)],
+                [_program(spec, "slurmd"), "-D", "-N", node, "-f", str(spec.slurm_conf)],
                 log / f"slurmd-{node}.out",
                 env,
             )
@@ -439,7 +550,10 @@ def up(spec: ClusterSpec, timeout: float = 90.0, keep_state: bool = False) -> Cl
 def _controller_answers(spec: ClusterSpec) -> bool:
     return (
         subprocess.run(
-            ["scontrol", "ping"], env=slurm_env(spec), capture_output=True, timeout=10
+            [_program(spec, "scontrol"), "ping"],
+            env=slurm_env(spec),
+            capture_output=True,
+            timeout=10,
         ).returncode
         == 0
     )
@@ -527,6 +641,14 @@ def status(base: Path) -> dict:
     }
 
 
+def _exports(spec: ClusterSpec) -> str:
+    """Shell lines that point Slurm's commands at this cluster (and its release)."""
+    lines = [f"export SLURM_CONF={spec.slurm_conf}"]
+    if spec.slurm_prefix:
+        lines.append(f'export PATH="{spec.slurm_prefix}/bin:{spec.slurm_prefix}/sbin:$PATH"')
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="local-cluster",
@@ -559,9 +681,16 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-state", action="store_true", help="keep jobs and node states from the last run"
     )
     p_up.add_argument("--timeout", type=float, default=90.0)
+    p_up.add_argument(
+        "--slurm",
+        default="default",
+        metavar="SERIES",
+        help=f"Slurm release to run: default (what apt installed) or one of "
+        f"{', '.join(SLURM_SERIES)} (built by scripts/build-slurm under {BUILT_SLURM})",
+    )
     sub.add_parser("down", help="stop every process the cluster started")
     sub.add_parser("status", help="processes and node states, as JSON")
-    sub.add_parser("env", help="print the export line for SLURM_CONF")
+    sub.add_parser("env", help="print the export lines for SLURM_CONF (and PATH)")
     args = parser.parse_args(argv)
     base = args.base.resolve()
     try:
@@ -575,20 +704,24 @@ def main(argv: list[str] | None = None) -> int:
                     port_base=args.port_base,
                     name=args.name,
                     extra_conf=args.conf,
+                    slurm_prefix=resolve_slurm(args.slurm),
                 ),
                 timeout=args.timeout,
                 keep_state=args.keep_state,
             )
-            print(f"cluster {spec.name} up: {spec.nodes} nodes answering", file=sys.stderr)
-            print(f"export SLURM_CONF={spec.slurm_conf}")
+            print(
+                f"cluster {spec.name} up: {spec.nodes} nodes answering "
+                f"(Slurm {slurm_release(spec)})",
+                file=sys.stderr,
+            )
+            print(_exports(spec))
         elif args.command == "down":
             for item in down(base):
                 print(f"stopped {item}")
         elif args.command == "status":
             print(json.dumps(status(base), indent=2))
         elif args.command == "env":
-            spec = ClusterSpec.from_json(_require_state(base)["spec"])
-            print(f"export SLURM_CONF={spec.slurm_conf}")
+            print(_exports(ClusterSpec.from_json(_require_state(base)["spec"])))
     except ClusterError as exc:
         print(f"local-cluster: {exc}", file=sys.stderr)
         return 1

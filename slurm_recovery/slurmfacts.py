@@ -2,7 +2,7 @@
 
 Two sources besides what the controller observed pass by pass:
 
-- **Slurm now** (always): ``sinfo --json`` gives each drained node's reason with the user who
+- **Slurm now** (always): the node records give each drained node's reason with the user who
   set it and when (``reason_set_by_user``, ``reason_changed_at``); ``squeue --json`` gives
   cancelled jobs still in slurmctld's memory (``MinJobAge``, 300 s by default) and the restart
   count and requeue time of requeued ones.
@@ -11,25 +11,21 @@ Two sources besides what the controller observed pass by pass:
   too; ``sacct --duplicates`` lists every requeue and cancel (with the canceller's uid).
 
 Parsing is pure (``*_from_*`` functions, unit-tested on Slurm's own output); :func:`read` runs
-the commands, each bounded by the scheduler's command timeout, and says what it could not read.
+the commands through the scontrol scheduler backend (one runner, one JSON parser for every
+release), each bounded by the scheduler's command timeout, and says what it could not read.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import pwd
-import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
-from typing import Any
 
 from slurm_recovery.config import SchedulerConfig
 from slurm_recovery.holdmark import parse_hold_mark
-from slurm_recovery.scheduler.base import Job
-from slurm_recovery.scheduler.scontrol import job_from_json, node_from_json
+from slurm_recovery.scheduler.base import Job, Node, SchedulerError
+from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.scorecard import MERGE_WITHIN, Drain, JobChange, drain_user, is_tool_drain
 
 #: The AdminComment of a job the tool cancelled starts so (scheduler.base.admin_comment_for).
@@ -57,38 +53,23 @@ class Facts:
     accounting: bool = False
 
 
-def _number(value: Any) -> int:
-    """Slurm <= 22.05 gives plain ints; 23.02+ ``{"set": bool, "number": n}``."""
-    if isinstance(value, dict):
-        if not value.get("set", True) or value.get("infinite"):
-            return 0
-        value = value.get("number", 0)
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def _by_tool(steps: Sequence[ToolStep], step: str, at: float, *, job_id: int) -> bool:
     return any(
         s.step == step and s.job_id == job_id and abs(s.at - at) <= MERGE_WITHIN for s in steps
     )
 
 
-def drains_from_sinfo(
-    nodes: Iterable[Mapping[str, Any]], since: float, until: float
-) -> list[Drain]:
+def drains_from_nodes(nodes: Iterable[Node], since: float, until: float) -> list[Drain]:
     """Nodes drained now by someone other than the tool, the drain set in ``[since, until]``
     (``reason_changed_at``), with the user who set it."""
     out = []
-    for data in nodes:
-        node = node_from_json(dict(data))
+    for node in nodes:
         if not node.drained or is_tool_drain(node.reason):
             continue
-        at = _number(data.get("reason_changed_at"))
+        at = node.reason_changed_at
         if not at or not since <= at <= until:
             continue
-        user = drain_user(node.reason, data.get("reason_set_by_user") or None)
+        user = drain_user(node.reason, node.reason_set_by or None)
         out.append(Drain(node.name, float(at), node.reason, user, ("slurm",)))
     return out
 
@@ -189,54 +170,7 @@ def job_changes_from_sacct(
     return out
 
 
-def accounting_storage(show_config: str) -> str:
-    """``AccountingStorageType`` from ``scontrol show config`` ("" when not set)."""
-    for line in show_config.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == "AccountingStorageType":
-            return value.strip()
-    return ""
-
-
 # ----------------------------------------------------------------------- running Slurm
-
-
-class _Slurm:
-    def __init__(self, config: SchedulerConfig) -> None:
-        self.timeout = config.command_timeout
-        self.bin_dir = config.slurm_bin_dir
-        self.env = dict(os.environ)
-        if config.slurm_conf:
-            self.env["SLURM_CONF"] = str(config.slurm_conf)
-
-    def run(self, argv: Sequence[str]) -> str:
-        command = [str(Path(self.bin_dir) / argv[0]) if self.bin_dir else argv[0], *argv[1:]]
-        try:
-            proc = subprocess.run(
-                command,
-                env=self.env,
-                capture_output=True,
-                text=True,
-                timeout=self.timeout,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(
-                f"`{' '.join(argv)}` did not answer within {self.timeout:g}s"
-            ) from None
-        except FileNotFoundError:
-            raise RuntimeError(f"{argv[0]} not found (scheduler.slurm_bin_dir)") from None
-        if proc.returncode != 0:
-            message = " ".join((proc.stderr or proc.stdout).split())
-            raise RuntimeError(f"`{' '.join(argv)}` failed: {message}")
-        return proc.stdout
-
-    def json(self, argv: Sequence[str], key: str) -> list[dict[str, Any]]:
-        try:
-            data = json.loads(self.run(argv))
-        except json.JSONDecodeError as exc:
-            raise RuntimeError(f"`{' '.join(argv)}` printed invalid JSON: {exc}") from None
-        return list(data.get(key) or [])
 
 
 def _stamp(at: float) -> str:
@@ -248,25 +182,29 @@ def read(
 ) -> Facts:
     """Read what operators did in ``[since, until]`` from Slurm now and, where it exists,
     slurmdbd. Never raises: a source that cannot be read gets a note saying why."""
-    slurm = _Slurm(config)
+    slurm = ScontrolScheduler(
+        timeout=config.command_timeout,
+        bin_dir=config.slurm_bin_dir,
+        slurm_conf=config.slurm_conf,
+    )
     facts = Facts()
     try:
-        nodes = slurm.json(["sinfo", "--json"], "nodes")
-        facts.drains += drains_from_sinfo(nodes, since, until)
-        facts.notes["slurm nodes"] = f"sinfo: {len(nodes)} nodes, drain reasons with user and time"
-    except RuntimeError as exc:
+        nodes = slurm.list_nodes()
+        facts.drains += drains_from_nodes(nodes, since, until)
+        facts.notes["slurm nodes"] = f"{len(nodes)} nodes, drain reasons with user and time"
+    except SchedulerError as exc:
         facts.notes["slurm nodes"] = f"not read: {exc}"
     try:
-        jobs = [job_from_json(j) for j in slurm.json(["squeue", "--all", "--json"], "jobs")]
+        jobs = slurm.list_jobs()
         facts.job_changes += job_changes_from_squeue(jobs, since, until, tool)
         facts.notes["slurm jobs"] = (
             f"squeue: {len(jobs)} jobs in slurmctld's memory (finished ones only for MinJobAge)"
         )
-    except RuntimeError as exc:
+    except SchedulerError as exc:
         facts.notes["slurm jobs"] = f"not read: {exc}"
     try:
-        storage = accounting_storage(slurm.run(["scontrol", "show", "config"]))
-    except RuntimeError as exc:
+        storage = slurm.show_config().get("AccountingStorageType", "")
+    except SchedulerError as exc:
         facts.notes["accounting"] = f"unknown: {exc}"
         return facts
     if storage != SLURMDBD:
@@ -293,7 +231,7 @@ def read(
         )
         facts.drains += drains_from_sacctmgr(text, since, until)
         read_any.append("sacctmgr show event")
-    except RuntimeError as exc:
+    except SchedulerError as exc:
         facts.notes["accounting drains"] = f"not read: {exc}"
     try:
         text = slurm.run(
@@ -311,7 +249,7 @@ def read(
         )
         facts.job_changes += job_changes_from_sacct(text, since, until, tool)
         read_any.append("sacct --duplicates")
-    except RuntimeError as exc:
+    except SchedulerError as exc:
         facts.notes["accounting jobs"] = f"not read: {exc}"
     facts.notes["accounting"] = f"slurmdbd: {', '.join(read_any) or 'nothing could be read'}"
     return facts

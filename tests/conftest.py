@@ -1,9 +1,13 @@
-"""Shared fixtures. ``local_cluster`` starts a real Slurm cluster (munged, slurmctld, 4 slurmd)."""
+"""Shared fixtures. ``local_cluster`` starts a real Slurm cluster (munged, slurmctld, 4 slurmd).
+
+The Slurm release the integration tests run on is apt's, or the one ``SRECOVERY_SLURM`` names
+(``scripts/test --slurm 24.11``: built by scripts/build-slurm under /opt/slurm/24.11). Its
+programs go first on this process's PATH, so every cluster, daemon and command a test starts
+uses that release."""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -15,22 +19,14 @@ import pytest
 from slurm_recovery import localcluster
 
 NODES = 4
+#: Install prefix of the Slurm under test ("" = the programs on PATH, apt's).
+SLURM_PREFIX = localcluster.resolve_slurm(os.environ.get("SRECOVERY_SLURM", "default"))
+if SLURM_PREFIX:
+    os.environ["PATH"] = localcluster.path_with_slurm(SLURM_PREFIX, os.environ.get("PATH", ""))
 
 
-def _free_port_block(count: int, start: int = 27000, stop: int = 60000) -> int:
-    """First port p with p..p+count-1 all free on loopback (so clusters never clash), from a
-    point in [start, stop) that depends on the process, wrapping around at ``stop``."""
-    start = min(start, stop - count - 1)
-    first = start + (os.getpid() % 500) * 20 % max(stop - start - count, 1)
-    for base in [*range(first, stop - count, count + 1), *range(start, first, count + 1)]:
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port block for the test cluster")
+#: Kept under this name: many tests import it from here.
+_free_port_block = localcluster.free_port_block
 
 
 @pytest.fixture(scope="session")

@@ -225,6 +225,14 @@ class Show:
     show_default=True,
     help="The controller's API port (on 127.0.0.1).",
 )
+@click.option(
+    "--slurm",
+    "slurm",
+    type=click.Choice(["default", *localcluster.SLURM_SERIES]),
+    default="default",
+    show_default=True,
+    help="Slurm release to run: apt's, or one built by scripts/build-slurm.",
+)
 @click.pass_context
 def demo(
     ctx: click.Context,
@@ -234,6 +242,7 @@ def demo(
     base: Path,
     port_base: int,
     api_port: int,
+    slurm: str,
 ) -> None:
     """The whole recovery loop on a real local Slurm cluster, in under 2 minutes: monitor
     mode, act mode (a job moved off a failed node, resumed from its checkpoint) and an
@@ -260,7 +269,9 @@ def demo(
                 port_base=port_base,
                 api_port=api_port,
                 gpus_per_node=gpus_per_node,
+                slurm=slurm,
             )
+        show.say(f"Slurm {localcluster.slurm_release(stack.cluster)}")
         Demo(show, stack, gpus_per_node).run(started)
     except localcluster.ClusterError as exc:
         failed = True
@@ -354,7 +365,12 @@ class Demo:
         self.show = show
         self.stack = stack
         self.gpus_per_node = gpus_per_node
-        self.sched = ScontrolScheduler(timeout=10, slurm_conf=str(stack.cluster.slurm_conf))
+        prefix = stack.cluster.slurm_prefix
+        self.sched = ScontrolScheduler(
+            timeout=10,
+            slurm_conf=str(stack.cluster.slurm_conf),
+            bin_dir=f"{prefix}/bin" if prefix else "",
+        )
         self.client = ControllerClient(stack.url, munge_socket=str(stack.cluster.munge_socket))
         self.work = stack.base / "work"
         self.env = {**localcluster.slurm_env(stack.cluster), **stack.exports()}

@@ -41,9 +41,23 @@ def dev(ctx: click.Context, base: Path) -> None:
 )
 @click.option("--port-base", type=int, default=devstack.DEV_PORT_BASE, show_default=True)
 @click.option("--api-port", type=int, default=devstack.DEV_API_PORT, show_default=True)
+@click.option(
+    "--slurm",
+    "slurm",
+    type=click.Choice(["default", *localcluster.SLURM_SERIES]),
+    default="default",
+    show_default=True,
+    help="Slurm release to run: apt's, or one built by scripts/build-slurm.",
+)
 @click.pass_context
 def dev_up(
-    ctx: click.Context, mode: str, nodes: int, gpus_per_node: int, port_base: int, api_port: int
+    ctx: click.Context,
+    mode: str,
+    nodes: int,
+    gpus_per_node: int,
+    port_base: int,
+    api_port: int,
+    slurm: str,
 ) -> None:
     """Start the stack (idempotent), wait until healthy, print the exports to use it."""
     try:
@@ -54,11 +68,13 @@ def dev_up(
             port_base=port_base,
             api_port=api_port,
             gpus_per_node=gpus_per_node,
+            slurm=slurm,
         )
     except localcluster.ClusterError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(
-        f"# slurm-recovery dev stack up ({mode} mode, {nodes} nodes); logs in {stack.base / 'log'}",
+        f"# slurm-recovery dev stack up ({mode} mode, {nodes} nodes, "
+        f"Slurm {localcluster.slurm_release(stack.cluster)}); logs in {stack.base / 'log'}",
         err=True,
     )
     for key, value in stack.exports().items():

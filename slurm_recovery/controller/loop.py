@@ -41,7 +41,7 @@ from slurm_recovery.decide.policy import Policy
 from slurm_recovery.decide.straggler import straggler_incidents
 from slurm_recovery.holdmark import hold_mark, parse_hold_mark
 from slurm_recovery.scheduler import Job, Scheduler, SchedulerError, Unreachable
-from slurm_recovery.scheduler.base import earliest_restart
+from slurm_recovery.scheduler.base import UnsupportedOutput, earliest_restart
 from slurm_recovery.sidecar.spool import HookSpool
 from slurm_recovery.store import (
     Advice,
@@ -228,6 +228,10 @@ class Reconciler:
         self.last_tick: float | None = None
         self.last_error: str = ""
         self.last_view: ClusterView | None = None
+        #: why this controller cannot trust its reading of this Slurm ("" when it can): set
+        #: once by the first check, and then every partition is in monitor mode for good
+        self.slurm_problem: str = ""
+        self._slurm_checked = False
         self.epoch = self._record_start()
 
     def _record_start(self) -> float:
@@ -252,8 +256,9 @@ class Reconciler:
     def tick(self) -> bool:
         """One pass over Slurm and the open incidents. Returns True while steps are in flight
         (the caller then comes back sooner). Scheduler trouble is logged, never raised."""
-        self._apply_mode_overrides()
         try:
+            self._check_slurm()
+            self._apply_mode_overrides()
             for side_input in (self._import_watchdog_releases, self._import_hook_spool):
                 try:
                     side_input()
@@ -273,6 +278,10 @@ class Reconciler:
             self.last_error = f"slurmctld unreachable: {exc}"
             log.warning("%s; retrying", self.last_error)
             return False
+        except UnsupportedOutput as exc:  # a record this parser does not know: act on nothing
+            self.last_error = f"cannot read Slurm's output: {exc}"
+            log.error("%s; this pass acts on nothing", self.last_error)
+            return False
         except StoreError as exc:  # disk full, read-only, locked: /healthz says which
             self.last_error = f"store: {exc}"
             log.error("%s; retrying", self.last_error)
@@ -284,11 +293,47 @@ class Reconciler:
             self.last_error = full
             return busy
         self.last_tick = self.clock()
-        self.last_error = ""
+        self.last_error = self.slurm_problem
         return busy
 
+    def _check_slurm(self) -> None:
+        """Once, before the first pass: can we read this Slurm's jobs and nodes? If not, say
+        why (log, audit, ``last_error`` in /healthz and ``srecovery status``) and stay in
+        monitor mode for good: a step taken on a misread job could be half an action.
+        Unreachable is raised (the check runs again at the next pass)."""
+        if self._slurm_checked:
+            return
+        version = "unknown"
+        try:
+            version = self.scheduler.version() or version
+            self.scheduler.list_jobs()
+            self.scheduler.list_nodes()
+        except UnsupportedOutput as exc:
+            self._slurm_checked = True
+            self.slurm_problem = (
+                f"monitor only: slurm-recovery cannot read Slurm {version}'s output ({exc}); "
+                "it acts on nothing until it is upgraded (docs/scheduler-backends.md)"
+            )
+            log.critical("%s", self.slurm_problem)
+            self.store.append_audit(
+                "controller",
+                "slurm_unsupported",
+                f"cluster {self.cluster}",
+                {"slurm_version": version, "error": str(exc)},
+                ts=self.clock(),
+            )
+            return
+        self._slurm_checked = True
+        log.info("Slurm %s: its jobs and nodes can be read", version)
+
     def _apply_mode_overrides(self) -> None:
-        """The operators' overrides as they are now in the store, from this pass on."""
+        """The operators' overrides as they are now in the store, from this pass on; every
+        partition in monitor mode while Slurm's output cannot be read (``slurm_problem``)."""
+        if self.slurm_problem:
+            self.policy = dataclasses.replace(
+                self.base_policy, mode=Mode.MONITOR, partition_modes=MappingProxyType({})
+            )
+            return
         policy = effective_policy(self.base_policy, self.store.mode_overrides())
         modes = (policy.mode, dict(policy.partition_modes))
         if modes != (self.policy.mode, dict(self.policy.partition_modes)):

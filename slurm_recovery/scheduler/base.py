@@ -71,7 +71,7 @@ class Job:
 
     job_id: int
     name: str
-    state: str
+    state: str  # as Slurm 22.05 spells it on every release (scheduler.slurmjson)
     reason: str
     user: str
     partition: str
@@ -89,6 +89,10 @@ class Job:
     admin_comment: str = ""
     requeueable: bool = True  # False for jobs submitted with --no-requeue
     required_nodes: frozenset[str] = frozenset()  # --nodelist: the job may run only there
+    state_flags: frozenset[str] = frozenset()  # 23.02+: every flag beside the base state
+    stderr_path: str | None = None
+    array_job_id: int = 0  # an array task: its array's id (0 when not in an array)
+    array_task_id: int | None = None
 
     @property
     def active(self) -> bool:
@@ -106,6 +110,8 @@ class Node:
     partitions: tuple[str, ...] = field(default_factory=tuple)
     address: str = ""  # NodeAddr: where slurmctld reaches it (and where its reports come from)
     hostname: str = ""  # NodeHostname
+    reason_set_by: str = ""  # the user who set ``reason``
+    reason_changed_at: int = 0
 
     @property
     def drained(self) -> bool:
@@ -152,6 +158,16 @@ class PermissionDenied(SchedulerError):
 
 class Unreachable(SchedulerError):
     """slurmctld did not answer within the configured timeout."""
+
+
+class UnsupportedOutput(SchedulerError):
+    """Slurm printed a record whose shape this parser does not know (a release it was not
+    tested on): a reason that will not change by retrying, named with the field and release."""
+
+    def __init__(self, message: str, slurm_version: str, *, field: str = "") -> None:
+        super().__init__(f"Slurm {slurm_version}: {message}")
+        self.slurm_version = slurm_version
+        self.field = field
 
 
 class InvalidRequest(SchedulerError):

@@ -1,6 +1,7 @@
-"""Scheduler backend over Slurm's command-line tools (squeue/sinfo --json, scontrol, scancel).
+"""Scheduler backend over Slurm's command-line tools (squeue/sinfo/scontrol --json, scancel).
 
-Works on any Slurm since 21.08 (the first with ``--json``) and is what the tests run on.
+Works on Slurm 22.05 to 25.11 (``scheduler.slurmjson`` reads each release's JSON; which
+command lists nodes depends on the release) and is what the tests run on, on 22.05 and 24.11.
 Commands are argv lists, never shell strings: job names, reasons and node names from
 anywhere reach Slurm as single arguments. Every call is bounded by ``timeout``; a
 slurmctld that does not answer within it raises :class:`Unreachable`.
@@ -15,9 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from slurm_recovery import hostlist
 from slurm_recovery.scheduler.base import (
-    ExitCode,
     InvalidRequest,
     Job,
     Node,
@@ -26,96 +25,14 @@ from slurm_recovery.scheduler.base import (
     UnknownJob,
     UnknownNode,
     Unreachable,
+    UnsupportedOutput,
 )
 from slurm_recovery.scheduler.errors import slurm_error
-from slurm_recovery.scheduler.paths import expand_output_path
+from slurm_recovery.scheduler.slurmjson import jobs_from_json, nodes_from_json
 
 # Slurm 22.05 reports "Unspecified error" in --json output, and scontrol sometimes an
 # unrelated message, when slurmctld is down; a ping tells the two cases apart.
 _VAGUE = ("Unspecified error", "Unexpected message received")
-
-
-def _number(value: Any, default: int = 0) -> int:
-    """Slurm <= 22.05 gives plain ints; 23.02+ gives ``{"set": bool, "number": n}``."""
-    if isinstance(value, dict):
-        if not value.get("set", True) or value.get("infinite"):
-            return default
-        value = value.get("number", default)
-    if value is None:
-        return default
-    return int(value)
-
-
-def _exit_code(value: Any) -> ExitCode:
-    """A raw wait status (22.05) or ``{"return_code": .., "signal": ..}`` (23.02+)."""
-    if isinstance(value, dict):
-        signal = value.get("signal", {})
-        return ExitCode(
-            returncode=_number(value.get("return_code")),
-            signal=_number(signal.get("id") if isinstance(signal, dict) else signal),
-        )
-    status = _number(value)
-    return ExitCode(returncode=(status >> 8) & 0xFF, signal=status & 0x7F)
-
-
-def _state(value: Any) -> tuple[str, frozenset[str]]:
-    """``"RUNNING"``/``"mixed"`` (22.05) or ``["IDLE", "DRAIN"]`` (23.02+) -> base, flags."""
-    if isinstance(value, list):
-        names = [str(v).upper() for v in value]
-        return (names[0] if names else "UNKNOWN"), frozenset(names[1:])
-    return str(value).upper(), frozenset()
-
-
-def job_from_json(data: dict[str, Any]) -> Job:
-    """One element of ``squeue --json``'s ``jobs`` list."""
-    state, _ = _state(data["job_state"])
-    nodes = tuple(hostlist.expand(data.get("nodes") or ""))
-    return Job(
-        job_id=int(data["job_id"]),
-        name=data.get("name", ""),
-        state=state,
-        reason=data.get("state_reason", "") or "",
-        user=data.get("user_name", "") or "",
-        partition=data.get("partition", "") or "",
-        nodes=nodes,
-        num_nodes=_number(data.get("node_count"), len(nodes)),
-        submit_time=_number(data.get("submit_time")),
-        restart_count=_number(data.get("restart_cnt")),
-        excluded_nodes=frozenset(hostlist.expand(data.get("excluded_nodes") or "")),
-        exit_code=_exit_code(data.get("exit_code")),
-        held=_number(data.get("priority"), 1) == 0,
-        begin_time=_number(data.get("eligible_time")),
-        start_time=_number(data.get("start_time")),
-        end_time=_number(data.get("end_time")),
-        stdout_path=expand_output_path(
-            data.get("standard_output") or "",
-            job_id=int(data["job_id"]),
-            name=data.get("name", ""),
-            user=data.get("user_name", "") or "",
-            workdir=data.get("current_working_directory", "") or "",
-            batch_host=data.get("batch_host", "") or "",
-            array_job_id=_number(data.get("array_job_id")),
-            array_task_id=data.get("array_task_id"),
-        ),
-        admin_comment=data.get("admin_comment", "") or "",
-        requeueable=bool(data.get("requeue", True)),
-        required_nodes=frozenset(hostlist.expand(data.get("required_nodes") or "")),
-    )
-
-
-def node_from_json(data: dict[str, Any]) -> Node:
-    """One element of ``sinfo --json``'s ``nodes`` list."""
-    state, flags = _state(data["state"])
-    flags |= frozenset(str(f).upper() for f in data.get("state_flags", []) or [])
-    return Node(
-        name=data["name"],
-        state=state,
-        flags=flags,
-        reason=data.get("reason", "") or "",
-        partitions=tuple(data.get("partitions", []) or []),
-        address=data.get("address", "") or "",
-        hostname=data.get("hostname", "") or "",
-    )
 
 
 class ScontrolScheduler(SchedulerSteps):
@@ -130,6 +47,7 @@ class ScontrolScheduler(SchedulerSteps):
         if slurm_conf:
             self.env["SLURM_CONF"] = slurm_conf
         self._config: dict[str, str] | None = None
+        self._client: tuple[int, int] | None = None
 
     # --- plumbing ----------------------------------------------------------------------
 
@@ -182,13 +100,16 @@ class ScontrolScheduler(SchedulerSteps):
             return True
         return "DOWN" in proc.stdout
 
-    def _json(self, argv: Sequence[str], key: str) -> list[dict[str, Any]]:
+    def _document(self, argv: Sequence[str]) -> dict[str, Any]:
+        """Run a ``--json`` command; Slurm's own ``errors`` become typed errors."""
         out = self._run(argv)
         command = " ".join(argv)
         try:
             data = json.loads(out)
         except json.JSONDecodeError as exc:
             raise SchedulerError(f"`{command}` printed invalid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise UnsupportedOutput(f"`{command}` printed {type(data).__name__}", "unknown")
         errors = data.get("errors") or []
         if errors:
             first = errors[0]
@@ -197,7 +118,29 @@ class ScontrolScheduler(SchedulerSteps):
                 message = f"{message}: {first['error']}"
             errno = first.get("error_number", first.get("errno"))
             raise self._error(message, command, errno if errno and errno > 0 else None)
-        return data.get(key, [])
+        return data
+
+    def client_release(self) -> tuple[int, int]:
+        """(major, minor) of the Slurm commands we run (``scontrol --version``): which JSON
+        commands exist depends on it (no ``scontrol --json`` before 23.02)."""
+        if self._client is None:
+            out = self._run(["scontrol", "--version"]).split()
+            try:
+                major, minor = (int(p) for p in out[-1].split(".")[:2])
+            except (IndexError, ValueError):
+                raise UnsupportedOutput(
+                    f"`scontrol --version` printed {' '.join(out)!r}, not 'slurm X.Y.Z'",
+                    "unknown",
+                ) from None
+            self._client = (major, minor)
+        return self._client
+
+    def _per_node_json(self) -> list[str]:
+        """22.05: ``sinfo --json`` lists nodes; from 23.02 it groups them and per-node
+        records come from ``scontrol show nodes --json``."""
+        if self.client_release() < (23, 2):
+            return ["sinfo", "--json"]
+        return ["scontrol", "show", "nodes", "--json"]
 
     def _show_config(self) -> dict[str, str]:
         if self._config is None:
@@ -218,23 +161,44 @@ class ScontrolScheduler(SchedulerSteps):
         return self._show_config().get("SLURM_VERSION", "")
 
     def list_jobs(self) -> list[Job]:
-        return [job_from_json(j) for j in self._json(["squeue", "--all", "--json"], "jobs")]
+        # --states=all: from 24.05 --json shows only active jobs otherwise, and a FAILED job
+        # (what crash detection looks for) would never be seen
+        argv = ["squeue", "--all", "--states=all", "--json"]
+        return jobs_from_json(self._document(argv), " ".join(argv))
 
     def get_job(self, job_id: int) -> Job:
-        # squeue --json ignores job filters on 22.05: read all and pick.
-        for data in self._json(["squeue", "--all", "--json", f"--jobs={job_id}"], "jobs"):
-            if int(data["job_id"]) == job_id:
-                return job_from_json(data)
+        if self.client_release() >= (23, 2):
+            argv = ["scontrol", "show", "job", str(job_id), "--json"]
+        else:  # 22.05: squeue --json ignores job filters, and scontrol has no --json
+            argv = ["squeue", "--all", "--json", f"--jobs={job_id}"]
+        for job in jobs_from_json(self._document(argv), " ".join(argv)):
+            if job.job_id == job_id:
+                return job
         raise self._missing(UnknownJob, ["scontrol", "show", "job", str(job_id)], f"job {job_id}")
 
     def list_nodes(self) -> list[Node]:
-        return [node_from_json(n) for n in self._json(["sinfo", "--json"], "nodes")]
+        argv = self._per_node_json()
+        return nodes_from_json(self._document(argv), " ".join(argv))
 
     def get_node(self, name: str) -> Node:
-        for node in self.list_nodes():
+        if self.client_release() >= (23, 2):
+            argv = ["scontrol", "show", "node", name, "--json"]
+            nodes = nodes_from_json(self._document(argv), " ".join(argv))
+        else:
+            nodes = self.list_nodes()
+        for node in nodes:
             if node.name == name:
                 return node
         raise self._missing(UnknownNode, ["scontrol", "show", "node", name], f"node {name!r}")
+
+    def show_config(self) -> dict[str, str]:
+        """``scontrol show config`` as a dict (read once per scheduler object)."""
+        return dict(self._show_config())
+
+    def query(self, argv: Sequence[str]) -> str:
+        """Run a read-only Slurm command (``sacct``, ``sacctmgr``) through the same runner:
+        bounded, and Slurm's refusal a typed error."""
+        return self._run(argv)
 
     def _missing(self, cls: type[SchedulerError], argv: list[str], what: str) -> SchedulerError:
         """Not in the JSON listing: let Slurm say why, in its own words."""

@@ -1,5 +1,6 @@
 """The job-log follower learns the output files the hooks cannot name from the real slurmctld
-(``scontrol show job -o``): the default ``slurm-%j.out`` and a ``%x`` (job name) pattern."""
+(through the scheduler backend): the default ``slurm-%j.out``, a ``%x`` (job name) pattern and a
+path with a space in it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_recovery.scheduler import UnknownJob
 from slurm_recovery.sidecar.sources.joblog import slurm_output_paths
 
 pytestmark = pytest.mark.cluster
@@ -20,6 +22,7 @@ def test_slurm_names_the_default_and_the_job_name_paths(local_cluster, submit):
     default = submit("--chdir", str(work), "--wrap", "sleep 30")
     named = submit("-J", "train", "-o", f"{work}/logs-%x-%j.out", "--wrap", "sleep 30")
     split = submit("-o", f"{work}/o-%j.out", "-e", f"{work}/e-%j.err", "--wrap", "sleep 30")
+    spaced = submit("-J", "my run", "-o", f"{work}/my out %x.log", "--wrap", "sleep 30")
     assert slurm_output_paths(default, slurm_conf=conf) == {
         "stdout": f"{work}/slurm-{default}.out",
         "stderr": f"{work}/slurm-{default}.out",
@@ -31,5 +34,9 @@ def test_slurm_names_the_default_and_the_job_name_paths(local_cluster, submit):
         "stdout": f"{work}/o-{split}.out",
         "stderr": f"{work}/e-{split}.err",
     }
-    with pytest.raises(OSError, match="Invalid job id"):
+    assert slurm_output_paths(spaced, slurm_conf=conf) == {
+        "stdout": f"{work}/my out my run.log",
+        "stderr": f"{work}/my out my run.log",
+    }
+    with pytest.raises(UnknownJob, match="Invalid job id"):
         slurm_output_paths(99_999_999, slurm_conf=conf)

@@ -6,6 +6,7 @@ Slurm's job control environment, and the tasks' environment."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -17,13 +18,15 @@ import pytest
 
 from slurm_recovery import devstack, hooks, localcluster
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
-from tests.conftest import _free_port_block, wait_for
+from tests.conftest import SLURM_PREFIX, _free_port_block, wait_for
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "spank" / "build"
-SPANK_H = Path("/usr/include/slurm/spank.h")
+#: The headers of the Slurm under test: a plugin built for another release is refused.
+SLURM_INCLUDE = Path(SLURM_PREFIX or "/usr") / "include"
+SPANK_H = SLURM_INCLUDE / "slurm" / "spank.h"
 NODES = 2
 OPTIONS = (
     "--recovery=",
@@ -44,7 +47,12 @@ def build_plugin(out: Path) -> Path:
         pytest.fail(
             f"building the SPANK plugin needs {' and '.join(missing)}: apt install gcc libslurm-dev"
         )
-    done = subprocess.run([str(BUILD), str(out)], capture_output=True, text=True)
+    done = subprocess.run(
+        [str(BUILD), str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SLURM_INCLUDE": str(SLURM_INCLUDE)},
+    )
     if done.returncode != 0:
         pytest.fail(f"spank/build failed ({done.returncode}):\n{done.stdout}{done.stderr}")
     plugin = out / "slurm_recovery.so"

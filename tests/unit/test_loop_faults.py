@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from slurm_recovery.controller.loop import Reconciler
+from slurm_recovery.controller.loop import MAX_FAILED_STEPS, Reconciler
 from slurm_recovery.decide.model import Mode
+from slurm_recovery.scheduler.base import UnsupportedOutput
 from slurm_recovery.store import Store, StoreFullError
 from tests.unit.test_replay import CATALOGUE, NOW, WIDE, FakeSlurm, job, nodes, xid
 
@@ -151,3 +152,73 @@ def test_steps_slurm_shows_done_without_a_record_are_recorded_found(tmp_path: Pa
     assert "add_excluded_nodes" not in called and "set_begin_now" in called
     audited = [r.payload for r in store.iter_audit() if r.kind == "action"]
     assert [p["step"] for p in audited if p.get("found")] == ["mark", "requeue_hold", "exclude"]
+
+
+class UnreadableSlurm(FakeSlurm):
+    """A Slurm whose job listing this parser cannot read (a release it does not know)."""
+
+    def list_jobs(self):
+        raise UnsupportedOutput("jobs[0].exit_code is 'x'; expected ...", "26.05.1", field="x")
+
+
+def test_a_slurm_it_cannot_read_leaves_it_in_monitor_mode_for_good(tmp_path: Path):
+    """At start the controller checks it can read jobs and nodes. It cannot: it stays up,
+    says why (last_error, so /healthz and `srecovery status`; the audit trail), touches
+    nothing, and stays in monitor mode even once a pass can read Slurm again."""
+    store = Store.open(tmp_path / "state.db")
+    slurm = UnreadableSlurm([job(nodes=("n1", "n2"))], nodes())
+    clock = [NOW]
+    loop = reconciler(store, slurm, clock)
+    store.add_evidence([xid(79, node="n2", at=NOW - 20)], received_at=NOW - 19)
+    assert loop.tick() is False
+    assert "monitor only" in loop.slurm_problem and "26.05.1" in loop.slurm_problem
+    assert "exit_code" in loop.last_error
+    assert slurm.steps == [] and store.list_incidents() == []
+    assert [r.kind for r in store.audit_rows(limit=10)].count("slurm_unsupported") == 1
+
+    # the listing reads again (a record that came and went): still monitor, advice only
+    slurm.__class__ = FakeSlurm
+    clock[0] = NOW + 1
+    loop.tick()
+    assert loop.policy.mode is Mode.MONITOR and loop.last_error == loop.slurm_problem
+    (incident,) = store.list_incidents()
+    assert incident.outcome.startswith("monitor: would requeue job 7")
+    assert [s for s in slurm.steps if s[0] != "version"] == []
+
+
+class ExclusionUnreadable(FakeSlurm):
+    """Requeue works; reading the job back for the exclusion fails with a parse error."""
+
+    def add_excluded_nodes(self, job_id, nodes):
+        self.steps.append(("add_excluded_nodes", (job_id, tuple(nodes))))
+        raise UnsupportedOutput("job 7.excluded_nodes is 5; expected a string", "26.05.1")
+
+
+def test_a_step_that_cannot_be_read_back_never_releases_without_the_exclusion(tmp_path: Path):
+    """Half an action never happens: requeued and held, the exclusion fails (a parse error
+    that will not change), so the job is not released in that pass or any later one; after
+    MAX_FAILED_STEPS the incident says it needs an operator (the watchdog's hold deadline
+    then releases the job, fail open)."""
+    store = Store.open(tmp_path / "state.db")
+    first = job(nodes=("n1", "n2"))
+    slurm = ExclusionUnreadable([first], nodes())
+    clock = [NOW]
+    store.add_evidence([xid(79, node="n2", at=NOW - 20)], received_at=NOW - 19)
+    loop = reconciler(store, slurm, clock)
+    loop.tick()
+    (incident,) = store.list_incidents()
+    # Slurm shows it requeued and held, no exclusion yet
+    held = dataclasses.replace(
+        first, state="PENDING", nodes=(), restart_count=1, held=True, begin_time=int(NOW) + 121
+    )
+    from slurm_recovery.holdmark import hold_mark
+
+    slurm.jobs[7] = dataclasses.replace(held, admin_comment=hold_mark(incident.id, int(NOW) + 120))
+    for i in range(MAX_FAILED_STEPS + 2):
+        clock[0] = NOW + 2 + i
+        loop.tick()
+    names = [s[0] for s in slurm.steps]
+    assert names.count("add_excluded_nodes") == MAX_FAILED_STEPS
+    assert "release" not in names and "set_begin_now" not in names
+    (closed,) = store.list_incidents()
+    assert closed.outcome.endswith("needs operator")

@@ -44,6 +44,9 @@ class FakeSlurm:
     def cluster_name(self) -> str:
         return "c1"
 
+    def version(self) -> str:
+        return "24.11.5"
+
     def list_jobs(self) -> list[Job]:
         return list(self.jobs.values())
 

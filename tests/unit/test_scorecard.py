@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from slurm_recovery import scorecard, slurmfacts
 from slurm_recovery.scheduler.base import Job
+from slurm_recovery.scheduler.slurmjson import node_from_json
 from slurm_recovery.scorecard import Advised, Drain, JobChange, score
 
 H = 3600.0
@@ -190,8 +191,9 @@ def sinfo_nodes():
     ]  # fmt: skip
 
 
-def test_drains_from_sinfo_carry_user_and_time():
-    assert slurmfacts.drains_from_sinfo(sinfo_nodes(), 500.0, 2000.0) == [
+def test_drains_from_nodes_carry_user_and_time():
+    nodes = [node_from_json(n) for n in sinfo_nodes()]
+    assert slurmfacts.drains_from_nodes(nodes, 500.0, 2000.0) == [
         Drain("a1", 1000.0, "bad fan", "alice", ("slurm",)),
         Drain("a4", 1500.0, "new style", "carol", ("slurm",)),
         Drain("a6", 1800.0, "srecovery-op:dave: RMA 7", "dave", ("slurm",)),
@@ -276,12 +278,6 @@ def test_accounting_drains_and_job_changes():
     ]
 
 
-def test_accounting_storage_type():
-    config = "ClusterName = c\nAccountingStorageType   = accounting_storage/slurmdbd\n"
-    assert slurmfacts.accounting_storage(config) == slurmfacts.SLURMDBD
-    assert slurmfacts.accounting_storage("ClusterName = c\n") == ""
-
-
 def test_read_never_raises_and_says_why(tmp_path):
     from slurm_recovery.config import SchedulerConfig
 
@@ -289,5 +285,5 @@ def test_read_never_raises_and_says_why(tmp_path):
         SchedulerConfig(slurm_bin_dir=str(tmp_path), command_timeout=2.0), 0.0, 1.0
     )
     assert facts.drains == [] and facts.job_changes == [] and not facts.accounting
-    assert facts.notes["slurm nodes"].startswith("not read: sinfo not found")
+    assert facts.notes["slurm nodes"].startswith("not read: scontrol not found")
     assert facts.notes["accounting"].startswith("unknown:")

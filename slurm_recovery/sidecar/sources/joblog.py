@@ -41,7 +41,6 @@ import logging
 import os
 import re
 import stat
-import subprocess
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -74,27 +73,15 @@ RESOLVE_WAIT = 5.0
 def slurm_output_paths(
     job_id: int, *, slurm_conf: str = "", bin_dir: str = "", timeout: float = 10.0
 ) -> dict[str, str]:
-    """The job's ``stdout``/``stderr`` paths as slurmctld expanded them (``scontrol show job
-    -o``); raises OSError (or subprocess.TimeoutExpired) when Slurm cannot say."""
-    env = dict(os.environ)
-    if slurm_conf:
-        env["SLURM_CONF"] = slurm_conf
-    scontrol = os.path.join(bin_dir, "scontrol") if bin_dir else "scontrol"
-    proc = subprocess.run(
-        [scontrol, "show", "job", "-o", str(job_id)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    if proc.returncode != 0:
-        raise OSError((proc.stderr or proc.stdout).strip() or f"scontrol exit {proc.returncode}")
-    paths = {}
-    for key, name in (("StdOut", "stdout"), ("StdErr", "stderr")):
-        found = re.search(rf"(?:^|\s){key}=(\S+)", proc.stdout)
-        if found and found.group(1).startswith("/"):
-            paths[name] = found.group(1)
-    return paths
+    """The job's ``stdout``/``stderr`` paths as slurmctld knows them, read through the
+    scheduler backend (one JSON parser for every Slurm release); raises
+    :class:`~slurm_recovery.scheduler.base.SchedulerError` when Slurm cannot say."""
+    from slurm_recovery.scheduler.scontrol import ScontrolScheduler
+
+    slurm = ScontrolScheduler(timeout=timeout, bin_dir=bin_dir, slurm_conf=slurm_conf)
+    job = slurm.get_job(job_id)
+    paths = {"stdout": job.stdout_path, "stderr": job.stderr_path}
+    return {name: path for name, path in paths.items() if path}
 
 
 @dataclass

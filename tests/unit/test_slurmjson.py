@@ -1,0 +1,243 @@
+"""Slurm's JSON -> Job/Node on every release: real recordings (tests/fixtures/slurm/<release>/,
+from scripts/record-slurm-fixtures), SchedMD's published shapes for the releases that cannot be
+run here (hand-checked: each directory's README cites the source), and generated shapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurm_recovery.scheduler.base import ExitCode, UnsupportedOutput
+from slurm_recovery.scheduler.slurmjson import (
+    effective_job_state,
+    job_from_json,
+    jobs_from_json,
+    node_from_json,
+    nodes_from_json,
+    release,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+RECORDED = sorted(p for p in FIXTURES.iterdir() if (p / "scenario.json").exists())
+PUBLISHED = sorted(p for p in FIXTURES.iterdir() if (p / "nodes.json").exists())
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_there_are_recordings_of_two_releases_and_four_published_shapes():
+    assert {p.name for p in RECORDED} >= {"22.05", "24.11"}
+    assert {p.name for p in PUBLISHED} >= {"23.02", "23.11", "24.05", "25.05"}
+
+
+# ------------------------------------------------------------------------ real recordings
+
+
+@pytest.mark.parametrize("recorded", RECORDED, ids=lambda p: p.name)
+def test_recorded_jobs(recorded: Path):
+    scenario = _load(recorded / "scenario.json")
+    ids = scenario["jobs"]
+    work = scenario["workdir"]
+    doc = _load(recorded / "squeue.json")
+    assert release(doc).startswith(recorded.name)
+    jobs = {j.job_id: j for j in jobs_from_json(doc)}
+
+    running = jobs[ids["running"]]
+    assert (running.name, running.state, running.user, running.partition) == (
+        "train run",
+        "RUNNING",
+        "root",
+        "debug",
+    )
+    assert len(running.nodes) == 2 and running.num_nodes == 2 and "n4" not in running.nodes
+    assert running.stdout_path == f"{work}/o-{running.job_id}-train run.out"
+    assert running.stderr_path == running.stdout_path
+    assert not running.held and running.active and running.requeueable
+    assert running.submit_time > 1_700_000_000 and running.start_time >= running.submit_time
+    assert running.exit_code == ExitCode(0, 0) and running.array_task_id is None
+
+    failed = jobs[ids["failed"]]
+    assert failed.state == "FAILED" and failed.exit_code == ExitCode(3, 0)
+    assert failed.stdout_path == f"{work}/slurm-{failed.job_id}.out"  # Slurm's default name
+    assert not failed.active
+    assert jobs[ids["killed"]].exit_code == ExitCode(0, 9)
+
+    held = jobs[ids["held"]]
+    assert held.state == "PENDING" and held.held
+    assert held.restart_count == 1 and held.excluded_nodes == {"n1", "n2"}
+    assert held.nodes == () and held.active
+
+    pinned = jobs[ids["pinned"]]
+    assert not pinned.requeueable and pinned.required_nodes == {"n3"}
+    assert pinned.stderr_path == f"{work}/e-{pinned.job_id}.err"
+
+    array = ids["array_job_id"]
+    tasks = sorted((jobs[i].array_job_id, jobs[i].array_task_id) for i in ids["array_tasks"])
+    assert tasks == [(array, 0), (array, 1)]
+    for i in ids["array_tasks"]:
+        task = jobs[i]
+        assert task.stdout_path == f"{work}/a-{array}_{task.array_task_id}.out"
+
+
+@pytest.mark.parametrize("recorded", RECORDED, ids=lambda p: p.name)
+def test_recorded_nodes(recorded: Path):
+    name = "sinfo.json" if (recorded / "sinfo.json").exists() else "scontrol-show-nodes.json"
+    nodes = {n.name: n for n in nodes_from_json(_load(recorded / name))}
+    assert sorted(nodes) == ["n1", "n2", "n3", "n4"]
+    drained = nodes["n4"]
+    assert drained.drained and drained.reason == "xid 79 gpu1"
+    assert drained.reason_set_by == "root" and drained.reason_changed_at > 1_700_000_000
+    assert nodes["n3"].state in {"MIXED", "ALLOCATED"} and not nodes["n3"].drained
+    assert nodes["n1"].partitions == ("debug",)
+    assert nodes["n1"].address == "127.0.0.1" and nodes["n1"].hostname
+
+
+def test_recorded_single_job_reads_like_the_listing():
+    for recorded in RECORDED:
+        path = recorded / "scontrol-show-job.json"
+        if not path.exists():
+            continue  # 22.05: scontrol has no --json
+        (job,) = jobs_from_json(_load(path), "scontrol show job --json")
+        listed = {j.job_id: j for j in jobs_from_json(_load(recorded / "squeue.json"))}
+        assert job == listed[job.job_id]
+
+
+# ------------------------------------------------------- SchedMD's shapes (hand-checked)
+
+
+@pytest.mark.parametrize("published", PUBLISHED, ids=lambda p: p.name)
+def test_published_shapes(published: Path):
+    jobs = {j.job_id: j for j in jobs_from_json(_load(published / "squeue.json"))}
+    running = jobs[11]
+    assert (running.state, running.nodes, running.restart_count) == ("RUNNING", ("n1", "n2"), 1)
+    assert running.excluded_nodes == {"n3"} and running.stdout_path == "/tmp/out-11.log"
+    assert not running.held and running.exit_code == ExitCode(0, 0)
+    held = jobs[12]
+    assert held.state == "REQUEUE_HOLD" and held.held and held.restart_count == 2
+    assert "REQUEUE_HOLD" in held.state_flags and held.begin_time > 1_700_000_000
+    task = jobs[15]
+    assert (task.array_job_id, task.array_task_id, task.nodes) == (13, 2, ("n3",))
+    ended = jobs[14]
+    assert ended.state == "COMPLETING" and {"COMPLETING"} <= ended.state_flags
+    assert ended.exit_code == ExitCode(1, 0) and ended.active
+    nodes = {n.name: n for n in nodes_from_json(_load(published / "nodes.json"))}
+    assert nodes["n3"].drained and nodes["n3"].reason.startswith("slurm-recovery:")
+    assert nodes["n3"].reason_set_by == "root" and nodes["n3"].reason_changed_at > 0
+    assert nodes["n4"].state == "DOWN" and "NOT_RESPONDING" in nodes["n4"].flags
+    assert nodes["n1"].address == "127.0.0.1" and nodes["n1"].partitions == ("debug",)
+
+
+# ----------------------------------------------------------------- shapes and errors
+
+
+def _job(**fields):
+    recorded = _load(FIXTURES / "22.05" / "squeue.json")
+    return {**recorded["jobs"][0], **fields}
+
+
+NUMBER = st.integers(0, 2**31)
+
+
+@given(NUMBER)
+def test_a_number_reads_the_same_in_every_shape(n):
+    plain = job_from_json(_job(restart_cnt=n)).restart_count
+    boxed = job_from_json(
+        _job(restart_cnt={"set": True, "infinite": False, "number": n})
+    ).restart_count
+    assert plain == boxed == n
+    unset = _job(restart_cnt={"set": False, "infinite": False, "number": n})
+    assert job_from_json(unset).restart_count == 0
+
+
+@given(st.integers(0, 255), st.integers(0, 127))
+def test_exit_codes_in_every_release_shape(returncode, signal):
+    status = signal if signal else returncode << 8  # the raw wait status (22.05)
+    expected = ExitCode(0, signal) if signal else ExitCode(returncode, 0)
+    as_2205 = job_from_json(_job(exit_code=status)).exit_code
+    as_2302 = job_from_json(_job(exit_code={"set": True, "number": status})).exit_code
+    as_2311 = job_from_json(
+        _job(
+            exit_code={
+                "status": ["SIGNALED" if signal else "SUCCESS" if not returncode else "ERROR"],
+                "return_code": {"set": True, "infinite": False, "number": expected.returncode},
+                "signal": {
+                    "id": {"set": bool(signal), "infinite": False, "number": signal},
+                    "name": "",
+                },
+            }
+        )
+    ).exit_code
+    assert as_2205 == as_2302 == as_2311 == expected
+
+
+FLAGS = st.sets(
+    st.sampled_from(
+        ["COMPLETING", "REQUEUE_HOLD", "REQUEUED", "CONFIGURING", "UPDATE_DB", "LAUNCH_FAILED"]
+    )
+)
+
+
+@given(st.sampled_from(["PENDING", "RUNNING", "FAILED", "COMPLETED", "CANCELLED"]), FLAGS)
+def test_state_lists_keep_22_05_spelling_and_every_flag(base, flags):
+    job = job_from_json(_job(job_state=[base, *sorted(flags)]))
+    assert job.state_flags == frozenset(flags)
+    assert job.state == effective_job_state(base, frozenset(flags))
+    if "COMPLETING" in flags:
+        assert job.state == "COMPLETING"  # 22.05 showed COMPLETING before anything else
+    elif not flags & {"REQUEUE_HOLD", "REQUEUED", "CONFIGURING"}:
+        assert job.state == base
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("array_task_id", {"weird": 1}),
+        ("job_state", []),
+        ("job_state", 7),
+        ("exit_code", "0:0"),
+        ("restart_cnt", "1"),
+        ("restart_cnt", {"set": True}),
+        ("nodes", ["n1"]),
+        ("requeue", "yes"),
+        ("priority", 1.5),
+    ],
+)
+def test_an_unknown_shape_names_the_field_and_the_release(field, value):
+    doc = {"meta": {"slurm": {"release": "26.05.1"}}, "jobs": [_job(**{field: value})]}
+    with pytest.raises(UnsupportedOutput, match=rf"Slurm 26\.05\.1: .*{field}") as err:
+        jobs_from_json(doc)
+    assert err.value.field == field and err.value.slurm_version == "26.05.1"
+
+
+@pytest.mark.parametrize(
+    "field", ["job_id", "job_state", "nodes", "exit_code", "priority", "restart_cnt"]
+)
+def test_a_missing_field_is_an_error_not_a_default(field):
+    data = _job()
+    del data[field]
+    with pytest.raises(UnsupportedOutput, match=field):
+        jobs_from_json({"meta": {}, "jobs": [data]})
+
+
+def test_a_listing_without_its_list_says_what_it_had():
+    with pytest.raises(UnsupportedOutput, match=r"no .nodes. list .*sinfo"):
+        nodes_from_json({"meta": {"slurm": {"release": "24.11.5"}}, "sinfo": []}, "sinfo --json")
+    with pytest.raises(UnsupportedOutput, match="not an object"):
+        jobs_from_json([1, 2])
+    with pytest.raises(UnsupportedOutput, match="node"):
+        node_from_json({"name": "n1", "state": None})
+
+
+@given(st.text(max_size=40))
+def test_garbage_in_a_text_field_never_escapes_as_another_error(text):
+    try:
+        job = job_from_json(_job(excluded_nodes=text))
+    except UnsupportedOutput as exc:
+        assert exc.field == "excluded_nodes"
+    else:
+        assert isinstance(job.excluded_nodes, frozenset)
