@@ -634,16 +634,18 @@ def pass_costs(stack: Stack) -> dict[str, Any]:
     ``json.loads`` that holds the GIL throughout, then the records), and reading the evidence of
     the last hour (``Store.find_evidence`` as the loop calls it) from the store just loaded."""
     from slurm_recovery.controller.loop import EVIDENCE_HORIZON
-    from slurm_recovery.scheduler.scontrol import ScontrolScheduler, node_from_json
+    from slurm_recovery.scheduler.scontrol import ScontrolScheduler
+    from slurm_recovery.scheduler.slurmjson import nodes_from_json
     from slurm_recovery.store import Store
 
     sched = ScontrolScheduler(timeout=60, slurm_conf=str(stack.spec.slurm_conf))
     t0 = time.perf_counter()
-    out = sched._run(["sinfo", "--json"])
+    listing = sched._per_node_json()  # sinfo --json on 22.05, scontrol show nodes --json after
+    out = sched._run(listing)
     t1 = time.perf_counter()
     data = json.loads(out)
     t2 = time.perf_counter()
-    nodes = [node_from_json(n) for n in data["nodes"]]
+    nodes = nodes_from_json(data)
     t3 = time.perf_counter()
     with Store.open(stack.store, readonly=True) as store:
         t4 = time.perf_counter()
@@ -651,6 +653,7 @@ def pass_costs(stack: Stack) -> dict[str, Any]:
         t5 = time.perf_counter()
     return {
         "nodes": len(nodes),
+        "node_listing": " ".join(listing),
         "sinfo_json_bytes": len(out),
         "sinfo_command_s": t1 - t0,
         "sinfo_json_loads_s": t2 - t1,

@@ -63,13 +63,15 @@ def write_config(
     host). Readable by all: the TaskProlog reads it as the job user."""
     config = base / "config.toml"
     (base / "watchdog").mkdir(parents=True, exist_ok=True)
+    # a built release's commands (scripts/build-slurm); apt's are on PATH
+    prefix = cluster.slurm_prefix
+    bin_dir_line = f'slurm_bin_dir = "{prefix}/bin"\n' if prefix else ""
     config.write_text(
         f"""# Written by `srecovery dev up`.
 [scheduler]
 backend = "scontrol"
 slurm_conf = "{cluster.slurm_conf}"
-slurm_bin_dir = "{cluster.slurm_prefix + "/bin" if cluster.slurm_prefix else ""}"
-command_timeout = 10
+{bin_dir_line}command_timeout = 10
 
 [store]
 path = "{base / "state.db"}"

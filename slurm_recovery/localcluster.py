@@ -207,15 +207,44 @@ def _parents() -> dict[int, int]:
     return parents
 
 
+def _spool_sockets(spec: ClusterSpec) -> set[str]:
+    """Inodes of the unix sockets bound under this cluster's slurmd spool directories: each
+    slurmstepd listens on ``SPOOL/<node>_<job>.<step>`` (/proc/net/unix: ... inode path)."""
+    spool = f"{spec.base / 'spool'}/"
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 8 and fields[7].startswith(spool):
+                inodes.add(fields[6])
+    return inodes
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    return inodes
+
+
 def _job_pids(spec: ClusterSpec) -> list[int]:
-    """slurmstepd spawned by this cluster's slurmd (they inherit its SLURM_CONF) and the
-    job processes under them, children first."""
+    """slurmstepd spawned by this cluster's slurmd and the job processes under them, children
+    first. A stepd is this cluster's when it carries its SLURM_CONF (22.05) or listens on a
+    socket in its spool (24.11's slurmstepd has an empty environment)."""
     parents = _parents()
+    ours = _spool_sockets(spec)
     stepds = [
         pid
         for pid in parents
         if " ".join(_cmdline(pid)).startswith("slurmstepd")
-        and _environ(pid).get("SLURM_CONF") == str(spec.slurm_conf)
+        and (
+            _environ(pid).get("SLURM_CONF") == str(spec.slurm_conf)
+            or bool(ours & _socket_inodes(pid))
+        )
     ]
     children: dict[int, list[int]] = {}
     for pid, ppid in parents.items():

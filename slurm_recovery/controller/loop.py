@@ -279,8 +279,12 @@ class Reconciler:
             log.warning("%s; retrying", self.last_error)
             return False
         except UnsupportedOutput as exc:  # a record this parser does not know: act on nothing
-            self.last_error = f"cannot read Slurm's output: {exc}"
-            log.error("%s; this pass acts on nothing", self.last_error)
+            error = self.slurm_problem or (
+                f"cannot read Slurm's output: {exc}; this pass acts on nothing"
+            )
+            if error != self.last_error:  # once, not every second
+                log.error("%s", error)
+            self.last_error = error
             return False
         except StoreError as exc:  # disk full, read-only, locked: /healthz says which
             self.last_error = f"store: {exc}"

@@ -1,8 +1,11 @@
 """What the controller needs from Slurm: the records it reads and the steps it takes.
 
-Backends (``scontrol``, ``pyslurm``) implement :class:`Scheduler`; nothing else in the
-project talks to Slurm. Every refusal by Slurm becomes a :class:`SchedulerError` subclass
-carrying Slurm's own message, so a failed step is never silent.
+Backends (``scontrol``, ``pyslurm``) implement :class:`Scheduler`; the rest of the project
+reaches Slurm only through a backend (the controller, the watchdog, the sidecar's question
+about a job's output files, ``srecovery compare``). Two exceptions, neither in production: the
+demo submits and cancels jobs as a user would (``sbatch``, ``scancel``), and ``localcluster``
+starts the local cluster's daemons. Every refusal by Slurm becomes a :class:`SchedulerError`
+subclass carrying Slurm's own message, so a failed step is never silent.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -539,3 +540,65 @@ def test_insecure_mode_is_explicit_and_loud(stacks):
         assert json.loads(resp.read())["auth"] == "off (development only)"
     log = stack.log()
     assert "AUTHENTICATION IS OFF" in log and "unauthenticated request POST /v1/evidence" in log
+
+
+def test_a_slurm_whose_output_it_cannot_read_leaves_everything_alone(
+    stacks, submit, scheduler, tmp_path
+):
+    """Slurm's job listing lacks a field the parser needs (as a release it does not know
+    would print): the controller stays up in monitor mode, names the field and the release in
+    /healthz, `srecovery status`, its log and the audit trail, and touches nothing, even
+    with a fatal XID reported on a running job's node."""
+    import shutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("scontrol", "sinfo", "scancel"):
+        (bin_dir / name).symlink_to(shutil.which(name))
+    drop = "import json,sys; d=json.load(sys.stdin); [j.pop('exit_code') for j in d['jobs']]"
+    squeue = bin_dir / "squeue"
+    squeue.write_text(
+        f'#!/bin/sh\n{shutil.which("squeue")} "$@" | {sys.executable} -c "{drop}; '
+        'json.dump(d, sys.stdout)"\n'
+    )
+    squeue.chmod(0o755)
+    job_id = submit("-N2", "--wrap=sleep 600")
+    first = wait_for(lambda: running(scheduler, job_id))
+    stack = stacks("act", start=False)
+    text = stack.config.read_text()
+    stack.config.write_text(
+        text.replace(
+            'backend = "scontrol"\n', f'backend = "scontrol"\nslurm_bin_dir = "{bin_dir}"\n'
+        )
+    )
+    stack.pid = devstack.start_controller(stack.config, stack.base / "controller.log")
+
+    def health() -> dict | None:
+        try:
+            urllib.request.urlopen(f"{stack.url}/healthz", timeout=2)
+        except urllib.error.HTTPError as exc:  # 503: degraded, with the reason
+            body = json.loads(exc.read())
+            return body if "monitor only" in body["last_error"] else None
+        except OSError:
+            return None
+        return None
+
+    body = wait_for(health, timeout=30)
+    release = scheduler.version()
+    assert "exit_code" in body["last_error"] and f"Slurm {release}" in body["last_error"]
+    stack.report_xid(first.nodes[1])
+    time.sleep(4)  # several passes
+    assert running(scheduler, job_id) is not None  # not requeued
+    assert not scheduler.get_node(first.nodes[1]).drained
+    assert stack.actions() == []
+    status = subprocess.run(
+        [sys.executable, "-m", "slurm_recovery.cli", "--config", str(stack.config), "status"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "monitor only" in status.stdout and "exit_code" in status.stdout
+    assert "CRITICAL" in stack.log() and "cannot read Slurm" in stack.log()
+    with Store.open(stack.db, readonly=True) as store:
+        kinds = [row.kind for row in store.audit_rows(limit=100)]
+    assert kinds.count("slurm_unsupported") == 1
