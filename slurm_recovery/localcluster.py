@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -548,7 +549,13 @@ def _start(
             user="munge",
         )
         save()
-        _wait(lambda: _munge_works(spec), 10, "munged did not start", log / "munged.log")
+        _wait(
+            lambda: _munge_works(spec),
+            10,
+            "munged did not start",
+            log / "munged.log",
+            alive=lambda: process_alive(pids["munged"], "munged"),
+        )
 
     if not process_alive(pids.get("slurmctld", 0), "slurmctld"):
         argv = [_program(spec, "slurmctld"), "-D", "-f", str(spec.slurm_conf)]
@@ -560,7 +567,9 @@ def _start(
             lambda: _controller_answers(spec),
             30,
             "slurmctld did not answer",
+            log / "slurmctld.out",
             log / "slurmctld.log",
+            alive=lambda: process_alive(pids["slurmctld"], "slurmctld"),
         )
 
     for node in spec.node_names:
@@ -588,16 +597,26 @@ def _controller_answers(spec: ClusterSpec) -> bool:
     )
 
 
-def _wait(check, timeout: float, what: str, logfile: Path) -> None:
+def _wait(
+    check, timeout: float, what: str, *logfiles: Path, alive: Callable[[], bool] | None = None
+) -> None:
+    """Until ``check()``; a daemon that exits (``alive`` false) fails at once, not at the end."""
     deadline = time.monotonic() + timeout
+    exited = False
     while time.monotonic() < deadline:
         if check():
             return
+        if alive is not None and not alive():
+            exited = True
+            break
         time.sleep(0.1)
-    tail = ""
-    if logfile.exists():
-        tail = "\n".join(logfile.read_text(errors="replace").splitlines()[-15:])
-    raise ClusterError(f"{what} within {timeout:.0f}s; last lines of {logfile}:\n{tail}")
+    tails = []
+    for logfile in logfiles:
+        if logfile.exists() and logfile.stat().st_size:
+            lines = logfile.read_text(errors="replace").splitlines()[-15:]
+            tails.append(f"last lines of {logfile}:\n" + "\n".join(lines))
+    why = "it exited" if exited else f"within {timeout:.0f}s"
+    raise ClusterError(f"{what} ({why}); " + ("\n".join(tails) or "no log written"))
 
 
 def _processes(spec: ClusterSpec, pids: dict[str, int]) -> list[tuple[str, int, str]]:

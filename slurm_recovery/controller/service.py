@@ -437,8 +437,13 @@ class Controller:
         return fn(self.ingest.store(), principal, body)
 
     async def get_audit(self, request: web.Request) -> web.Response:
-        after = _int(request.query.get("after"), 0)
-        limit = min(_int(request.query.get("limit"), 1000), 10_000)
+        from slurm_recovery.controller.read_api import BadRequest, parse_int
+
+        try:  # out of range (limit=0, after=-1) is the client's mistake: 400, saying which
+            after = parse_int("after", request.query.get("after", "0"), 0, 2**62)
+            limit = parse_int("limit", request.query.get("limit", "1000"), 1, 10_000)
+        except BadRequest as err:
+            return web.json_response({"error": str(err)}, status=400)
         return await self._read(
             request,
             lambda store: {
@@ -518,10 +523,3 @@ async def json_errors(request: web.Request, handler: Callable[..., Any]) -> web.
     except Exception:
         log.exception("%s %s failed", request.method, request.path)
         return web.json_response({"error": "internal error; see the controller's log"}, status=500)
-
-
-def _int(text: str | None, default: int) -> int:
-    try:
-        return int(text) if text is not None else default
-    except ValueError:
-        return default

@@ -149,3 +149,37 @@ def test_dev_stack_up_and_down(local_cluster):
     assert not localcluster.process_alive(state["controller"], "")
     assert not localcluster.process_alive(state["watchdog"], "")
     assert processes_with_conf(base / "cluster" / "etc" / "slurm.conf") == []
+
+
+def _munged_for(socket: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and f"--socket={socket}" in " ".join(
+            localcluster._cmdline(int(entry.name))
+        ):
+            found.append(int(entry.name))
+    return found
+
+
+def test_an_up_that_fails_stops_what_it_started(local_cluster):
+    """slurmctld refuses the config (a key slurm.conf does not know): `up` fails at once with
+    slurmctld's own words and stops the munged it started, leaving no pid recorded; the base
+    then serves a good `up`."""
+    base = Path(tempfile.mkdtemp(prefix="srecovery-lc-bad-"))
+    base.chmod(0o755)
+    port = _free_port_block(3, start=local_cluster.port_base + 200)
+    spec = localcluster.ClusterSpec(
+        base=base, nodes=2, port_base=port, name="bad", extra_conf=["NoSuchSlurmKey=1"]
+    )
+    try:
+        with pytest.raises(localcluster.ClusterError, match="it exited") as err:
+            localcluster.up(spec, timeout=30)
+        assert "NoSuchSlurmKey" in str(err.value)
+        assert json.loads((base / "cluster.json").read_text())["pids"] == {}
+        assert _munged_for(spec.munge_socket) == []
+        spec.extra_conf = []
+        localcluster.up(spec, timeout=60)
+        assert localcluster.node_states(spec) == {"n1": "idle", "n2": "idle"}
+    finally:
+        localcluster.down(base)
+    assert _munged_for(spec.munge_socket) == []
