@@ -50,6 +50,8 @@ _STATE_FLAGS_FIRST = (
     "SIGNALING",
 )
 _NUMBER_KEYS = frozenset({"set", "infinite", "number"})
+#: 25.05+ print Slurm's own expansion of the output patterns beside them.
+_EXPANDED = {"standard_output": "stdout_expanded", "standard_error": "stderr_expanded"}
 _MISSING = object()
 
 
@@ -200,6 +202,10 @@ def job_from_json(data: Mapping[str, Any], *, slurm: str = "unknown", where: str
     batch_host = r.text("batch_host")
 
     def output(key: str) -> str | None:
+        # 25.05+: Slurm's own expansion beside the pattern as typed ("" when not given)
+        expanded = r.text(_EXPANDED[key], required=False)
+        if expanded.startswith("/"):
+            return expanded
         return expand_output_path(
             r.text(key),
             job_id=job_id,

@@ -123,6 +123,8 @@ def test_published_shapes(published: Path):
     task = jobs[15]
     assert (task.array_job_id, task.array_task_id, task.nodes) == (13, 2, ("n3",))
     ended = jobs[14]
+    if published.name >= "25.05":  # Slurm's own expansion (stdout_expanded) is taken
+        assert ended.stdout_path == "/tmp/eval-14.out"
     assert ended.state == "COMPLETING" and {"COMPLETING"} <= ended.state_flags
     assert ended.exit_code == ExitCode(1, 0) and ended.active
     nodes = {n.name: n for n in nodes_from_json(_load(published / "nodes.json"))}
