@@ -124,19 +124,6 @@ class Controller:
         localcluster.stop_process(self.pid, CONTROLLER)
 
 
-def free_port(start: int) -> int:
-    import socket
-
-    for port in range(start, start + 2000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port from {start}")
-
-
 # --------------------------------------------------------------------------------- kill
 
 
@@ -477,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, Any] = {}
     localcluster.up(cluster)
     try:
-        api = free_port(args.port_base + 100)
+        api = localcluster.free_port_block(1, start=args.port_base + 100)
         if args.scenario in ("kill", "both"):
             figures["kill"] = run_kill(
                 cluster,
@@ -491,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             figures["outage"] = run_outage(
                 cluster,
                 Path(tempfile.mkdtemp(prefix="outage-", dir=args.base)),
-                free_port(api + 1),
+                localcluster.free_port_block(1, start=api + 1),
                 args.outage,
                 every=args.every,
             )

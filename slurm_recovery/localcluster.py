@@ -315,7 +315,7 @@ def _program(spec: ClusterSpec, name: str) -> str:
     """The path of a Slurm program of this cluster's release."""
     if not spec.slurm_prefix:
         return name
-    sub = "sbin" if name in ("slurmctld", "slurmd", "slurmstepd") else "bin"
+    sub = "sbin" if name in ("slurmctld", "slurmd") else "bin"
     return f"{spec.slurm_prefix}/{sub}/{name}"
 
 

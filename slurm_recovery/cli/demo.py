@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from slurm_recovery import devstack, hostlist, localcluster
+from slurm_recovery.cli.dev import slurm_release_option
 from slurm_recovery.client import ClientError, ControllerClient
 from slurm_recovery.scheduler import Job, SchedulerError
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
@@ -225,14 +226,7 @@ class Show:
     show_default=True,
     help="The controller's API port (on 127.0.0.1).",
 )
-@click.option(
-    "--slurm",
-    "slurm",
-    type=click.Choice(["default", *localcluster.SLURM_SERIES]),
-    default="default",
-    show_default=True,
-    help="Slurm release to run: apt's, or one built by scripts/build-slurm.",
-)
+@slurm_release_option
 @click.pass_context
 def demo(
     ctx: click.Context,

@@ -8,6 +8,16 @@ import click
 
 from slurm_recovery import devstack, localcluster
 
+#: ``--slurm``: the release the local cluster runs (``dev up``, ``demo``).
+slurm_release_option = click.option(
+    "--slurm",
+    "slurm",
+    type=click.Choice(["default", *localcluster.SLURM_SERIES]),
+    default="default",
+    show_default=True,
+    help="Slurm release to run: apt's, or one built by scripts/build-slurm.",
+)
+
 
 @click.group()
 @click.option(
@@ -41,14 +51,7 @@ def dev(ctx: click.Context, base: Path) -> None:
 )
 @click.option("--port-base", type=int, default=devstack.DEV_PORT_BASE, show_default=True)
 @click.option("--api-port", type=int, default=devstack.DEV_API_PORT, show_default=True)
-@click.option(
-    "--slurm",
-    "slurm",
-    type=click.Choice(["default", *localcluster.SLURM_SERIES]),
-    default="default",
-    show_default=True,
-    help="Slurm release to run: apt's, or one built by scripts/build-slurm.",
-)
+@slurm_release_option
 @click.pass_context
 def dev_up(
     ctx: click.Context,

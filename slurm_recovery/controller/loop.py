@@ -229,9 +229,8 @@ class Reconciler:
         self.last_error: str = ""
         self.last_view: ClusterView | None = None
         #: why this controller cannot trust its reading of this Slurm ("" when it can): set
-        #: once by the first check, and then every partition is in monitor mode for good
+        #: when its first read fails, and then every partition is in monitor mode for good
         self.slurm_problem: str = ""
-        self._slurm_checked = False
         self.epoch = self._record_start()
 
     def _record_start(self) -> float:
@@ -257,7 +256,6 @@ class Reconciler:
         """One pass over Slurm and the open incidents. Returns True while steps are in flight
         (the caller then comes back sooner). Scheduler trouble is logged, never raised."""
         try:
-            self._check_slurm()
             self._apply_mode_overrides()
             for side_input in (self._import_watchdog_releases, self._import_hook_spool):
                 try:
@@ -265,6 +263,8 @@ class Reconciler:
                 except Exception:  # a bad spool must never stop recovery
                     log.exception("%s failed; going on", side_input.__name__)
             view = self._view()
+            if self.last_view is None:
+                log.info("Slurm's jobs and nodes can be read")
             try:
                 observe(self.store, view, self.last_view)
             except Exception:  # a record for the scorecard must never stop recovery
@@ -279,6 +279,10 @@ class Reconciler:
             log.warning("%s; retrying", self.last_error)
             return False
         except UnsupportedOutput as exc:  # a record this parser does not know: act on nothing
+            if self.last_view is None and not self.slurm_problem:
+                self._distrust_slurm(exc)  # its very first read: this release is not known
+                self.last_error = self.slurm_problem
+                return False
             error = self.slurm_problem or (
                 f"cannot read Slurm's output: {exc}; this pass acts on nothing"
             )
@@ -300,35 +304,26 @@ class Reconciler:
         self.last_error = self.slurm_problem
         return busy
 
-    def _check_slurm(self) -> None:
-        """Once, before the first pass: can we read this Slurm's jobs and nodes? If not, say
-        why (log, audit, ``last_error`` in /healthz and ``srecovery status``) and stay in
-        monitor mode for good: a step taken on a misread job could be half an action.
-        Unreachable is raised (the check runs again at the next pass)."""
-        if self._slurm_checked:
-            return
-        version = "unknown"
+    def _distrust_slurm(self, exc: UnsupportedOutput) -> None:
+        """The controller's first read of Slurm met a shape the parser does not know: say why
+        (log, audit, ``last_error`` in /healthz and ``srecovery status``) and stay in monitor
+        mode for good: a step taken on a misread job could be half an action."""
         try:
-            version = self.scheduler.version() or version
-            self.scheduler.list_jobs()
-            self.scheduler.list_nodes()
-        except UnsupportedOutput as exc:
-            self._slurm_checked = True
-            self.slurm_problem = (
-                f"monitor only: slurm-recovery cannot read Slurm {version}'s output ({exc}); "
-                "it acts on nothing until it is upgraded (docs/scheduler-backends.md)"
-            )
-            log.critical("%s", self.slurm_problem)
-            self.store.append_audit(
-                "controller",
-                "slurm_unsupported",
-                f"cluster {self.cluster}",
-                {"slurm_version": version, "error": str(exc)},
-                ts=self.clock(),
-            )
-            return
-        self._slurm_checked = True
-        log.info("Slurm %s: its jobs and nodes can be read", version)
+            version = self.scheduler.version() or "unknown"
+        except SchedulerError:
+            version = "unknown"
+        self.slurm_problem = (
+            f"monitor only: slurm-recovery cannot read Slurm {version}'s output ({exc}); "
+            "it acts on nothing until it is upgraded (docs/scheduler-backends.md)"
+        )
+        log.critical("%s", self.slurm_problem)
+        self.store.append_audit(
+            "controller",
+            "slurm_unsupported",
+            f"cluster {self.cluster}",
+            {"slurm_version": version, "error": str(exc)},
+            ts=self.clock(),
+        )
 
     def _apply_mode_overrides(self) -> None:
         """The operators' overrides as they are now in the store, from this pass on; every

@@ -142,7 +142,8 @@ class ScontrolScheduler(SchedulerSteps):
             return ["sinfo", "--json"]
         return ["scontrol", "show", "nodes", "--json"]
 
-    def _show_config(self) -> dict[str, str]:
+    def show_config(self) -> dict[str, str]:
+        """``scontrol show config`` as a dict (read once per scheduler object)."""
         if self._config is None:
             config = {}
             for line in self._run(["scontrol", "show", "config"]).splitlines():
@@ -155,10 +156,10 @@ class ScontrolScheduler(SchedulerSteps):
     # --- reads -------------------------------------------------------------------------
 
     def cluster_name(self) -> str:
-        return self._show_config().get("ClusterName", "")
+        return self.show_config().get("ClusterName", "")
 
     def version(self) -> str:
-        return self._show_config().get("SLURM_VERSION", "")
+        return self.show_config().get("SLURM_VERSION", "")
 
     def list_jobs(self) -> list[Job]:
         # --states=all: from 24.05 --json shows only active jobs otherwise, and a FAILED job
@@ -190,10 +191,6 @@ class ScontrolScheduler(SchedulerSteps):
             if node.name == name:
                 return node
         raise self._missing(UnknownNode, ["scontrol", "show", "node", name], f"node {name!r}")
-
-    def show_config(self) -> dict[str, str]:
-        """``scontrol show config`` as a dict (read once per scheduler object)."""
-        return dict(self._show_config())
 
     def query(self, argv: Sequence[str]) -> str:
         """Run a read-only Slurm command (``sacct``, ``sacctmgr``) through the same runner:

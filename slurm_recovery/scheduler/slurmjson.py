@@ -219,8 +219,8 @@ def job_from_json(data: Mapping[str, Any], *, slurm: str = "unknown", where: str
 
     stdout = output("standard_output")
     stderr_pattern = r.text("standard_error")
-    hold = r.flag("hold", False, required=False) if "hold" in data else None
-    priority = r.number("priority")
+    # 23.02+ say "hold"; 22.05 only shows priority 0 for a held job
+    held = r.flag("hold", r.number("priority") == 0, required=False)
     return Job(
         job_id=job_id,
         name=name,
@@ -235,7 +235,7 @@ def job_from_json(data: Mapping[str, Any], *, slurm: str = "unknown", where: str
         restart_count=r.number("restart_cnt") or 0,
         excluded_nodes=frozenset(r.hosts("excluded_nodes")),
         exit_code=r.exit_code("exit_code"),
-        held=hold if hold is not None else priority == 0,
+        held=held,
         begin_time=r.number("eligible_time") or 0,
         start_time=r.number("start_time") or 0,
         end_time=r.number("end_time") or 0,

@@ -493,14 +493,16 @@ def main(config_path: Path | None, node: str | None, once: bool, insecure_no_aut
         ca_file=config.client.ca_file or None,
     )
     sender = Sender(outbox, client, node, side.batch_max_events)
+    from slurm_recovery.scheduler.scontrol import ScontrolScheduler
     from slurm_recovery.sidecar.sources.joblog import slurm_output_paths
 
-    ask_slurm = functools.partial(
-        slurm_output_paths,
-        slurm_conf=config.scheduler.slurm_conf,
-        bin_dir=config.scheduler.slurm_bin_dir,
+    # one backend object for the sidecar's life: it learns the Slurm release once
+    slurm = ScontrolScheduler(
         timeout=config.scheduler.command_timeout,
+        bin_dir=config.scheduler.slurm_bin_dir,
+        slurm_conf=config.scheduler.slurm_conf,
     )
+    ask_slurm = functools.partial(slurm_output_paths, slurm)
     registry = build(side, node, spool_dir, config.hooks.job_dir, ask_slurm)
     sidecar = Sidecar(
         node,

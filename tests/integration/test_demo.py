@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 import socket
@@ -28,19 +27,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 NODES = 4
 
 
-def _ports(count: int, start: int = 19000, stop: int = 20000) -> int:
-    """A block of ``count`` free loopback ports in [start, stop) (the demo tests' range)."""
-    blocks = list(range(start, stop - count, count + 1))
-    random.shuffle(blocks)
-    for base in blocks:
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {count} free ports in {start}-{stop}")
+def _ports(count: int) -> int:
+    """A block of ``count`` free loopback ports in the demo tests' range."""
+    return localcluster.free_port_block(count, start=19000, stop=20000)
 
 
 def _srecovery(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -98,6 +98,7 @@ def test_recorded_nodes(recorded: Path):
 
 
 def test_recorded_single_job_reads_like_the_listing():
+    compared = []
     for recorded in RECORDED:
         path = recorded / "scontrol-show-job.json"
         if not path.exists():
@@ -105,6 +106,8 @@ def test_recorded_single_job_reads_like_the_listing():
         (job,) = jobs_from_json(_load(path), "scontrol show job --json")
         listed = {j.job_id: j for j in jobs_from_json(_load(recorded / "squeue.json"))}
         assert job == listed[job.job_id]
+        compared.append(recorded.name)
+    assert "24.11" in compared
 
 
 # ------------------------------------------------------- SchedMD's shapes (hand-checked)

@@ -47,6 +47,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_recovery.scheduler.base import Scheduler
 from slurm_recovery.sidecar.base import Finding
 from slurm_recovery.sidecar.sources.progress_out import LatestPerRank
 from slurm_recovery.signals.logs import Match, default_catalogue, evidence_payload
@@ -70,16 +71,11 @@ _UNFILLED = re.compile(r"%[0-9]*[A-Za-z]")
 RESOLVE_WAIT = 5.0
 
 
-def slurm_output_paths(
-    job_id: int, *, slurm_conf: str = "", bin_dir: str = "", timeout: float = 10.0
-) -> dict[str, str]:
+def slurm_output_paths(scheduler: Scheduler, job_id: int) -> dict[str, str]:
     """The job's ``stdout``/``stderr`` paths as slurmctld knows them, read through the
     scheduler backend (one JSON parser for every Slurm release); raises
     :class:`~slurm_recovery.scheduler.base.SchedulerError` when Slurm cannot say."""
-    from slurm_recovery.scheduler.scontrol import ScontrolScheduler
-
-    slurm = ScontrolScheduler(timeout=timeout, bin_dir=bin_dir, slurm_conf=slurm_conf)
-    job = slurm.get_job(job_id)
+    job = scheduler.get_job(job_id)
     paths = {"stdout": job.stdout_path, "stderr": job.stderr_path}
     return {name: path for name, path in paths.items() if path}
 
