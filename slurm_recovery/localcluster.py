@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from stat import S_IFCHR
 
 DEFAULT_BASE = Path("/tmp/srecovery-cluster")
 DEFAULT_PORT_BASE = 17000
@@ -49,6 +50,9 @@ class ClusterSpec:
     port_base: int = DEFAULT_PORT_BASE
     name: str = "srlocal"
     cpus_per_node: int = 2
+    #: GPU GRES per node (gres.conf ``File=`` on plain files standing in for /dev/nvidiaN), as
+    #: many as the dev stack's simulated GPUs, so jobs that ask ``--gres=gpu:N`` get indices.
+    gpus_per_node: int = 8
     extra_conf: list[str] = field(default_factory=list)
     #: Install prefix of the Slurm to run ("" = the programs on PATH, what apt installed).
     slurm_prefix: str = ""
@@ -68,6 +72,15 @@ class ClusterSpec:
         if not self.slurm_prefix:
             return self.base / "state"
         return self.base / f"state-{Path(self.slurm_prefix).name}"
+
+    @property
+    def gres_conf(self) -> Path:
+        """gres.conf beside slurm.conf (slurmd reads it from the same directory)."""
+        return self.base / "etc" / "gres.conf"
+
+    def gpu_files(self, node: str) -> list[Path]:
+        """The device-like files of ``node``'s simulated GPUs, in index order."""
+        return [self.base / "gpus" / node / f"nvidia{i}" for i in range(self.gpus_per_node)]
 
     @property
     def munge_socket(self) -> Path:
@@ -121,13 +134,41 @@ def render_slurm_conf(spec: ClusterSpec, hostname: str) -> str:
         "MinJobAge=600",
         "SlurmctldTimeout=30",
         "SlurmdTimeout=60",
+        *(["GresTypes=gpu"] if spec.gpus_per_node else []),
         *spec.extra_conf,
         f"NodeName=n[1-{spec.nodes}] NodeHostname={hostname} NodeAddr=127.0.0.1 "
         f"Port=[{spec.port_base + 1}-{spec.port_base + spec.nodes}] CPUs={spec.cpus_per_node} "
-        "RealMemory=1000 State=UNKNOWN",
+        + (f"Gres=gpu:{spec.gpus_per_node} " if spec.gpus_per_node else "")
+        + "RealMemory=1000 State=UNKNOWN",
         f"PartitionName=debug Nodes=n[1-{spec.nodes}] Default=YES MaxTime=INFINITE State=UP",
     ]
     return "\n".join(lines) + "\n"
+
+
+def render_gres_conf(spec: ClusterSpec) -> str:
+    """gres.conf: one line per node (all slurmd share this host), each GPU a plain file, so
+    Slurm hands out real indices (``IDX``) and sets CUDA_VISIBLE_DEVICES in jobs."""
+    lines = ["# Written by scripts/local-cluster; rewritten on every `up`.", "AutoDetect=off"]
+    last = spec.gpus_per_node - 1
+    for node in spec.node_names if spec.gpus_per_node else []:
+        folder = spec.gpu_files(node)[0].parent
+        names = f"nvidia[0-{last}]" if last else "nvidia0"
+        lines.append(f"NodeName={node} Name=gpu File={folder}/{names}")
+    return "\n".join(lines) + "\n"
+
+
+def _make_gpu_file(path: Path) -> None:
+    """A character device with /dev/null's numbers (harmless to open): slurmd wants ``File=``
+    to be a device ("is not a valid character or block device") and then sets
+    CUDA_VISIBLE_DEVICES; a plain file where mknod is not allowed (slurmd logs an error per
+    file but still hands out the indices)."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mknod(path, S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        path.touch()
 
 
 # --- processes -------------------------------------------------------------------------
@@ -527,6 +568,10 @@ def _start(
     for node in spec.node_names:
         (spec.base / "spool" / node).mkdir(exist_ok=True)
     spec.slurm_conf.write_text(render_slurm_conf(spec, socket.gethostname()))
+    spec.gres_conf.write_text(render_gres_conf(spec))
+    for node in spec.node_names:
+        for gpu in spec.gpu_files(node):
+            _make_gpu_file(gpu)
     env = slurm_env(spec)
     log = spec.base / "log"
 

@@ -23,13 +23,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from slurm_recovery.config import SchedulerConfig
-from slurm_recovery.holdmark import parse_hold_mark
+from slurm_recovery.holdmark import cancelled_by_tool, parse_hold_mark
 from slurm_recovery.scheduler.base import Job, Node, SchedulerError
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.scorecard import MERGE_WITHIN, Drain, JobChange, drain_user, is_tool_drain
 
-#: The AdminComment of a job the tool cancelled starts so (scheduler.base.admin_comment_for).
-TOOL_CANCEL_PREFIX = "slurm-recovery:"
 SLURMDBD = "accounting_storage/slurmdbd"
 
 
@@ -85,7 +83,7 @@ def job_changes_from_squeue(
         cancelled = job.state == "CANCELLED" and since <= job.end_time <= until
         if (
             cancelled
-            and not comment.startswith(TOOL_CANCEL_PREFIX)
+            and not cancelled_by_tool(comment)
             and not _by_tool(tool, "cancel", job.end_time, job_id=job.job_id)
         ):
             out.append(JobChange(job.job_id, float(job.end_time), "cancelled", None, ("slurm",)))
@@ -160,7 +158,7 @@ def job_changes_from_sacct(
             if not _by_tool(tool, "requeue_hold", at, job_id=job_id):
                 out.append(JobChange(job_id, at, "requeued", None, ("accounting",)))
         elif state.startswith("CANCELLED"):
-            if comment.startswith(TOOL_CANCEL_PREFIX) or _by_tool(
+            if cancelled_by_tool(comment) or _by_tool(
                 tool, "cancel", at, job_id=job_id
             ):
                 continue

@@ -55,6 +55,9 @@ answer, 4 not allowed, 5 a check found a problem. More: docs/cli.md, `srecovery 
 @click.pass_context
 def cli(ctx: click.Context, config_path: Path | None) -> None:
     """slurm-recovery: detect, attribute and recover failed multi-node jobs on Slurm."""
+    from slurm_recovery.cli.common import printable_output
+
+    printable_output()  # users' text (job output, reasons) never drives the terminal
     ctx.ensure_object(dict)
     ctx.obj["config_path"] = config_path
 

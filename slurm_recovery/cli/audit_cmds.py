@@ -584,9 +584,10 @@ def replay(
         else None
     )
     events, tool_drains = core.events_from_json(history["changes"], history["tool_actions"])
+    changes = core.evidence_from_json(history["changes"])  # the resumes the loop saw
     cases, skipped = [], []
     for item in incidents:
-        case = core.case_from_json(item, nodes, events, tool_drains)
+        case = core.case_from_json(item, nodes, events, tool_drains, changes)
         if case is None:
             skipped.append(item["id"])
         else:

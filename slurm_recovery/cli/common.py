@@ -26,6 +26,82 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DENIED, EXIT_CHECK = 0,
 T = TypeVar("T")
 
 
+#: Characters that drive a terminal rather than show: C0 controls but tab and newline, DEL, C1
+#: (ESC starts OSC/CSI sequences: window titles, screen clears), and bidi overrides.
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    if code < 0x20:
+        return f"^{chr(code + 64)}"  # caret notation, as `cat -v` shows them
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def printable_data(value: Any) -> Any:
+    """Every string in a JSON-like ``value`` made :func:`printable`."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {k: printable_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable_data(v) for v in value]
+    return value
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on an admin's terminal: text that users control (job output,
+    report reasons) cannot retitle or clear it; each control character shows visibly
+    (ESC as ``^[``, BEL as ``^G``); tabs and newlines stay layout."""
+    return _UNPRINTABLE.sub(_visible, text)
+
+
+class PrintableStream:
+    """stdout/stderr for the CLI: every write goes through :func:`printable`, so no command can
+    forget to. Rich consoles that colour their own output write to :func:`raw_stream` instead,
+    with the user's text in ``Text`` (never markup) and made printable first."""
+
+    def __init__(self, stream: Any) -> None:
+        self.raw = stream
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError("a text stream")  # so click writes text here, never bytes around it
+        self.raw.write(printable(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def isatty(self) -> bool:
+        return self.raw.isatty()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.raw, "encoding", None) or "utf-8"
+
+    @property
+    def errors(self) -> str:
+        return getattr(self.raw, "errors", None) or "strict"
+
+
+def printable_output() -> None:
+    """Route this process's stdout and stderr through :class:`PrintableStream` (once)."""
+    if not isinstance(sys.stdout, PrintableStream):
+        sys.stdout = PrintableStream(sys.stdout)  # type: ignore[assignment]
+    if not isinstance(sys.stderr, PrintableStream):
+        sys.stderr = PrintableStream(sys.stderr)  # type: ignore[assignment]
+
+
+def raw_stream(stream: Any = None) -> Any:
+    """The terminal under a :class:`PrintableStream`, for rich's own colours."""
+    stream = sys.stdout if stream is None else stream
+    return stream.raw if isinstance(stream, PrintableStream) else stream
+
+
 def client_for(config: Config, insecure: bool = False) -> ControllerClient:
     return ControllerClient(
         config.client.url,
@@ -158,6 +234,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str =
     colour when stdout is not a terminal, so it pipes into grep and awk."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     grid = Table(
         title=title or None,
@@ -169,8 +246,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str =
     for header in headers:
         grid.add_column(header, overflow="fold")
     for row in rows:
-        grid.add_row(*("-" if cell is None or cell == "" else str(cell) for cell in row))
+        # Text, never markup: "[bold]" in a user's words is shown, not obeyed
+        grid.add_row(
+            *(Text("-" if cell is None or cell == "" else printable(str(cell))) for cell in row)
+        )
     console = Console(
+        file=raw_stream(),
+        markup=False,
         soft_wrap=False,
         highlight=False,
         no_color=not sys.stdout.isatty(),

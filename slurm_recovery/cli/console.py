@@ -168,10 +168,16 @@ def _last_milestone(story: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def fetch(client: ControllerClient, now: float | None = None) -> Snapshot:
-    """One refresh from the controller's read endpoints; ClientError when it fails."""
+    """One refresh from the controller's read endpoints; ClientError when it fails. Every
+    string comes back printable: it goes to the terminal past the CLI's PrintableStream."""
+    from slurm_recovery.cli.common import printable_data
+
+    def get(path: str) -> Any:
+        return printable_data(client.get(path))
+
     source = "status"
     try:
-        status = client.get("/v1/status")
+        status = get("/v1/status")
     except ClientError as exc:
         if exc.status != 404:
             raise
@@ -180,13 +186,13 @@ def fetch(client: ControllerClient, now: float | None = None) -> Snapshot:
         source = "healthz"
     if not isinstance(status, dict):
         raise ClientError(502, "unexpected answer to /v1/status")
-    incidents = (client.get(f"/v1/incidents?limit={INCIDENT_WINDOW}") or {}).get("incidents", [])
-    nodes = (client.get("/v1/nodes") or {}).get("nodes", [])
+    incidents = (get(f"/v1/incidents?limit={INCIDENT_WINDOW}") or {}).get("incidents", [])
+    nodes = (get("/v1/nodes") or {}).get("nodes", [])
     if status.get("in_flight") is None:
         in_flight = []
         for item in [i for i in incidents if not i.get("closed_at")][:IN_FLIGHT_FALLBACK]:
             try:
-                story = client.get(f"/v1/incidents/{item['id']}")
+                story = get(f"/v1/incidents/{item['id']}")
             except ClientError as exc:
                 if exc.status != 404:
                     raise
@@ -667,11 +673,14 @@ def render(state: ViewState, width: int, height: int, interval: float, now: floa
 
 
 def make_console(file: Any = None, width: int | None = None, height: int | None = None) -> Console:
+    from slurm_recovery.cli.common import raw_stream
+
     return Console(
-        file=file,
+        file=file if file is not None else raw_stream(),
         width=width,
         height=height,
         highlight=False,
+        markup=False,  # "[bold]" in a user's words is shown, not obeyed
         no_color=bool(os.environ.get("NO_COLOR")) or None,
     )
 

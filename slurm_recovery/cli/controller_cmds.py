@@ -11,8 +11,9 @@ import time
 
 import click
 
-from slurm_recovery.cli.common import call, client_for
+from slurm_recovery.cli.common import EXIT_USAGE, client_for, explain_client_error, fail
 from slurm_recovery.cli.read_cmds import advice, explain
+from slurm_recovery.client import ClientError
 from slurm_recovery.controller.wire import event_to_json
 
 
@@ -36,6 +37,8 @@ def report(
     """Report, as an operator, that NODE is bad (signed evidence; operators only)."""
     from slurm_recovery.cli import load_or_exit
 
+    if not reason.strip():
+        fail("--reason is blank: say what is wrong with the node, in words", EXIT_USAGE)
     config = load_or_exit(ctx)
     if xid is not None:
         event = event_to_json(
@@ -55,7 +58,13 @@ def report(
             job_id=job_id,
             payload={"reason": reason},
         )
-    result = call(client_for(config).post_evidence, [event], role="operator", url=config.client.url)
+    try:
+        result = client_for(config).post_evidence([event], role="operator")
+    except ClientError as exc:
+        if exc.status == 400:  # the controller refused what was asked (unknown node or job)
+            fail(f"report refused: {exc.reason}", EXIT_USAGE)
+        message, code = explain_client_error(exc, config.client.url)
+        fail(message, code)
     if as_json:
         click.echo(json.dumps(result))
     else:

@@ -15,7 +15,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -38,13 +37,15 @@ from slurm_recovery.decide.model import Action, ClusterView, IncidentKind, Mode,
 from slurm_recovery.decide.model import Evidence as CoreEvidence
 from slurm_recovery.decide.model import Incident as CoreIncident
 from slurm_recovery.decide.policy import Policy
+from slurm_recovery.decide.restart import Change, Close, Plan, Step, Wait, next_step
 from slurm_recovery.decide.straggler import straggler_incidents
 from slurm_recovery.holdmark import hold_mark, parse_hold_mark
-from slurm_recovery.scheduler import Job, Scheduler, SchedulerError, Unreachable
-from slurm_recovery.scheduler.base import UnsupportedOutput, earliest_restart
+from slurm_recovery.scheduler import Job, Node, Scheduler, SchedulerError, Unreachable
+from slurm_recovery.scheduler.base import UnsupportedOutput, sanitize_reason
 from slurm_recovery.sidecar.spool import HookSpool
 from slurm_recovery.store import (
     Advice,
+    Evidence,
     EvidenceRecord,
     Incident,
     JobAttempt,
@@ -63,42 +64,16 @@ MAX_FAILED_STEPS = 5
 #: Environment variable naming a step after which the controller kills itself (tests only).
 FAILPOINT_ENV = "SRECOVERY_FAILPOINT"
 
-#: Job states from which ``requeue_hold`` moves a job back to pending.
-_REQUEUEABLE = frozenset(
-    {"RUNNING", "SUSPENDED", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "TIMEOUT"}
-)
 
-
-@dataclass(frozen=True)
-class Planned:
+def planned(incident_id: int, advice: Advice) -> Plan:
     """The advice in force for an incident, read back from the store."""
+    return Plan.from_verdict(incident_id, advice.id, advice.decision, advice.reason, advice.verdict)
 
-    advice_id: int
-    action: Action
-    mode: Mode
-    reason: str
-    rule: str
-    exclude: frozenset[str]
-    drain: frozenset[str]
-    needs_operator: bool
-    cause: str
-    fault_class: str
 
-    @classmethod
-    def from_advice(cls, advice: Advice) -> Planned:
-        v = advice.verdict
-        return cls(
-            advice_id=advice.id,
-            action=Action(advice.decision),
-            mode=Mode(v["mode"]),
-            reason=advice.reason,
-            rule=v.get("rule", ""),
-            exclude=frozenset(v.get("exclude", [])),
-            drain=frozenset(v.get("drain", [])),
-            needs_operator=bool(v.get("needs_operator")),
-            cause=v.get("verdict", {}).get("cause", ""),
-            fault_class=v.get("verdict", {}).get("fault_class", "unknown"),
-        )
+def still_our_drain(node: Node, reason: str) -> bool:
+    """The node is drained, with the reason the tool set (a resume, or a new drain by an
+    admin for maintenance, ends the tool's drain)."""
+    return node.drained and (not reason or node.reason == reason)
 
 
 def core_evidence(record: EvidenceRecord) -> CoreEvidence:
@@ -270,6 +245,7 @@ class Reconciler:
             except Exception:  # a record for the scorecard must never stop recovery
                 log.exception("recording Slurm changes failed; going on")
             self.last_view = view
+            self._forget_undone_drains(view)
             self._detect_and_decide(view)
             busy = self.settling
             for incident in self.store.list_incidents(open_only=True, limit=10_000):
@@ -350,9 +326,40 @@ class Reconciler:
         drained = {
             s.name: s.drained_at or s.updated_at
             for s in self.store.list_nodes(drained_by_tool=True)
-            if s.name in nodes and nodes[s.name].drained
+            if s.name in nodes and still_our_drain(nodes[s.name], s.drain_reason)
         }
         return ClusterView(now=now, jobs=jobs, nodes=nodes, drained_by_tool=drained)
+
+    def _forget_undone_drains(self, view: ClusterView) -> None:
+        """A node the tool drained that is resumed (or drained again by someone else, for
+        another reason) is no longer the tool's drain: clear the mark, so the blast radius
+        and ``srecovery nodes`` count only the tool's drains in force."""
+        for state in self.store.list_nodes(drained_by_tool=True):
+            shown = view.nodes.get(state.name)
+            if shown is None or still_our_drain(shown, state.drain_reason):
+                continue
+            now = self.clock()
+            undone = "resumed" if not shown.drained else f"drained again: {shown.reason}"
+            with self.store.transaction():
+                self.store.upsert_node(
+                    dataclasses.replace(state, updated_at=now, drained_by_tool=False)
+                )
+                self.store.append_audit(
+                    "controller",
+                    "slurm_change",
+                    state.name,
+                    {
+                        "what": "drain_undone",
+                        "detail": f"{state.name} {undone}",
+                        "by": shown.reason_set_by,
+                    },
+                    ts=now,
+                )
+            log.info(
+                "%s: the tool's drain is undone (%s): no longer counted as its drain",
+                state.name,
+                undone,
+            )
 
     def _evidence(self, now: float) -> list[CoreEvidence]:
         """The last EVIDENCE_HORIZON of evidence the decisions read: not the sidecars'
@@ -383,11 +390,19 @@ class Reconciler:
         # A straggler that was only reported does not hide a later crash, hang or fault of the
         # same attempt; one whose restart is still in flight does.
         in_flight = self._open_straggler_attempts()
+        # Advice-only incidents (a straggler reported, a log line in a running job) do not
+        # hide the same attempt's later crash, hang or fault.
+        advice_only = {str(IncidentKind.STRAGGLER), str(IncidentKind.APP_FAULT)}
         known = {
             (job.job_id, job.restart_count)
             for job in view.jobs.values()
-            if self._kinds(job) - {str(IncidentKind.STRAGGLER)}
+            if self._kinds(job) - advice_only
             or (job.job_id, job.restart_count, job.submit_time) in in_flight
+        }
+        advised = {
+            (job.job_id, job.restart_count)
+            for job in view.jobs.values()
+            if str(IncidentKind.APP_FAULT) in self._kinds(job)
         }
         settings = self._job_settings(view, evidence)
         watched = dataclasses.replace(  # --recovery=off: the job is left alone
@@ -407,11 +422,12 @@ class Reconciler:
             },
         )
         timeouts = {j: s.hang_timeout for j, s in settings.items() if s.hang_timeout is not None}
-        found_now = detect(recent, evidence, known, self.catalogue, self.policy)
+        found_now = detect(recent, evidence, known, self.catalogue, self.policy, advised)
         crashed = {(i.job_id, i.restart_count) for i in found_now}
         found_now += hang_incidents(watched, evidence, known | crashed, self.policy, timeouts)
         troubled = reported | {(i.job_id, i.restart_count) for i in found_now}
         found_now += straggler_incidents(watched, evidence, troubled, self.policy)
+        self._drain_reported_idle_nodes(view, evidence)
         self.settling = False
         for found in found_now:
             job = view.jobs[found.job_id]
@@ -420,6 +436,45 @@ class Reconciler:
                 continue
             drains = self._open(found, job, view, evidence, settings.get(found.job_id))
             view = after_drains(view, drains)  # the blast radius counts this pass's drains
+
+    def _drain_reported_idle_nodes(self, view: ClusterView, evidence: list[CoreEvidence]) -> None:
+        """An operator's report (``srecovery report NODE``) on a node no job runs on: drain it
+        in act mode (new jobs must not start there), advise it in monitor mode. A node with a
+        running job is drained by that job's incident. Once per report (audited by its id)."""
+        busy = {n for job in view.jobs.values() if job.state == "RUNNING" for n in job.nodes}
+        for ev in evidence:
+            node = view.nodes.get(ev.node or "")
+            if ev.kind != "operator_report" or node is None or node.name in busy:
+                continue
+            if node.drained:
+                continue  # drained already, by anyone: their reason stays
+            state = self.store.get_node(node.name)
+            if state and (state.last_implicated_at or 0) >= ev.observed_at:
+                continue  # an incident's verdict took this report in (its job's restart)
+            handled = self.store.audit_about(evidence=[ev.id], since=ev.observed_at - 1)
+            if any(r.kind == "report_drain" for r in handled):
+                continue  # once per report: a resume after it stands
+            mode = self.policy.mode_for(node.partitions[0] if node.partitions else "")
+            reason = sanitize_reason(
+                f"srecovery:report:{ev.payload.get('reason', '') or 'operator report'}"
+            )
+            outcome, message = "advised", f"monitor: would drain {node.name} ({reason})"
+            if mode is Mode.ACT:
+                try:
+                    self.scheduler.drain_node(node.name, reason)
+                    outcome, message = "drained", reason
+                except Unreachable:
+                    raise
+                except SchedulerError as exc:
+                    outcome, message = "failed", str(exc)
+            self.store.append_audit(
+                "controller",
+                "report_drain",
+                node.name,
+                {"evidence": ev.id, "result": outcome, "message": message, "mode": str(mode)},
+                ts=self.clock(),
+            )
+            log.warning("operator report on idle %s: %s (%s)", node.name, outcome, message)
 
     def _settling(
         self, found: CoreIncident, job: Job, view: ClusterView, evidence: list[CoreEvidence]
@@ -478,17 +533,28 @@ class Reconciler:
         )
         verdict = attribute(found, job, evidence, self.catalogue, self.policy, view.nodes)
         attributed = self.clock()
+        history = self.store.list_incidents(history_id=attempt.history_id)
         restarts = sum(
             1
-            for past in self.store.list_incidents(history_id=attempt.history_id)
+            for past in history
             if (past.outcome or "").startswith("restarted") or self._restarted(past, job)
         )
-        advice = advise(found, verdict, job, policy_for_job(self.policy, settings), view, restarts)
+        advice = advise(
+            found,
+            verdict,
+            job,
+            policy_for_job(self.policy, settings),
+            view,
+            restarts,
+            tool_excluded=self._tool_exclusions(history),
+        )
         advised = self.clock()
         details = {
             "mode": str(advice.mode),
             "rule": advice.rule,
             "exclude": sorted(advice.exclude),
+            "unexclude": sorted(advice.unexclude),
+            "restarts": restarts,
             "drain": sorted(advice.drain),
             "needs_operator": advice.needs_operator,
             "verdict": verdict_json(verdict),
@@ -551,6 +617,19 @@ class Reconciler:
                 self.metrics.needs_operator.labels(advice.rule).inc()
         return advice.drain if advice.mode is Mode.ACT else frozenset()
 
+    def _tool_exclusions(self, history: Iterable[Incident]) -> frozenset[str]:
+        """The nodes the tool excluded from this job (every attempt), less the user's own
+        exclusions (as the job showed them at its first incident)."""
+        excluded: set[str] = set()
+        users: frozenset[str] | None = None
+        for past in sorted(history, key=lambda i: i.id):
+            if users is None and (first := self.store.latest_advice(past.id)) is not None:
+                users = frozenset(first.verdict.get("job", {}).get("excluded_nodes", []))
+            for a in self.store.actions(incident_id=past.id):
+                if a.step == "exclude" and a.result == "ok":
+                    excluded.update(a.params.get("nodes", []))
+        return frozenset(excluded) - (users or frozenset())
+
     def _restarted(self, past: Incident, job: Job) -> bool:
         """An open restart incident whose job Slurm already shows at a later attempt: the
         restart happened, and this pass detected the next fault before closing it."""
@@ -582,54 +661,209 @@ class Reconciler:
     # --- reconcile one incident --------------------------------------------------------
 
     def _reconcile(self, incident: Incident, view: ClusterView) -> bool:
+        """Carry out the incident's advice: ask ``next_step`` and do what it says, until it
+        waits or closes. Returns True while steps are in flight."""
         advice = self.store.latest_advice(incident.id)
         attempt = self.store.get_attempt(incident.attempt_id)
         if advice is None or attempt is None:
             return False
-        plan = Planned.from_advice(advice)
+        plan = planned(incident.id, advice)
         job_id = attempt.attempt.job_id
         if plan.mode is Mode.MONITOR:
             self._close(incident, f"monitor: would {describe(plan, job_id)}")
             return False
-        failures = sum(
-            1 for a in self.store.actions(incident_id=incident.id) if a.result == "failed"
-        )
-        if failures >= MAX_FAILED_STEPS:
-            self._close(incident, f"gave up after {failures} failed steps: needs operator")
-            return False
-        ours = f"srecovery:{incident.id}:"
-        for node in sorted(plan.drain):
-            if not self._drained(node, view):
-                reason = f"{ours}{plan.cause or plan.fault_class}"
-                if not self._step(
-                    incident,
-                    plan,
-                    "drain",
-                    node,
-                    lambda n=node, r=reason: self.scheduler.drain_node(n, r),
-                ):
-                    return True
-                self._mark_drained(node, reason)
-            elif (shown := view.nodes.get(node)) and shown.reason.startswith(ours):
-                recorded = self.store.get_node(node)
-                if not (recorded and recorded.drain_reason == shown.reason):
-                    # drained by us just before a crash: record it (blast radius, lemons)
-                    self._mark_drained(node, shown.reason)
-                    self._found(incident, plan, "drain", node)
-        if plan.action is Action.NONE:
-            self._close(incident, "nothing to do")
-            return False
-        if plan.action is Action.STOP:
-            return self._stop(incident, plan, job_id, view.jobs.get(job_id))
-        return self._restart(incident, plan, job_id, attempt.attempt.restart_count, view)
+        job = view.jobs.get(job_id)
+        nodes = dict(view.nodes)
+        for _ in range(12):  # one pass goes as far as Slurm allows
+            actions = self.store.actions(incident_id=incident.id)
+            failures = sum(1 for a in actions if a.result == "failed")
+            if failures >= MAX_FAILED_STEPS:
+                self._close(incident, f"gave up after {failures} failed steps: needs operator")
+                return False
+            done = {(a.step, a.target): a.finished_at for a in actions if a.result == "ok"}
+            released_at = self._watchdog_released_at(incident, job, attempt.attempt.restart_count)
+            nxt = next_step(
+                plan,
+                job,
+                attempt.attempt.restart_count,
+                done,
+                nodes,
+                self.clock(),
+                hold_mark_of=parse_hold_mark(job.admin_comment) if job else None,
+                watchdog_released_at=released_at,
+            )
+            for step in nxt.found:
+                self._found(incident, plan, step)
+            for change in nxt.changes:
+                self._record_change(incident, job_id, change)
+            if released_at is not None:
+                self.store.add_milestone(incident.id, "released", at=released_at)
+            if isinstance(nxt.action, Wait):
+                return True
+            if isinstance(nxt.action, Close):
+                self._finish(incident, plan, job, nxt.action)
+                return False
+            step = nxt.action
+            call = self._call(step, plan, job_id)
+            params = {k: v for k, v in step.params.items() if k != "reason"} or None
+            if not self._step(
+                incident,
+                plan,
+                step.name,
+                step.target,
+                call,
+                milestone=step.milestone,
+                params=params,
+                also=self._drain_recorder(step),  # committed with the action row
+            ):
+                return True
+            if step.name == "drain":
+                nodes[step.target] = self.scheduler.get_node(step.target)
+            elif step.name == "cancel":
+                continue  # stopped: next_step closes
+            else:
+                job = self.scheduler.get_job(job_id)
+        return True
 
-    def _drained(self, node: str, view: ClusterView) -> bool:
-        shown = view.nodes.get(node)
-        if shown is None or shown.drained:
-            return True
-        state = self.store.get_node(node)  # drained earlier in this pass
-        return bool(
-            state and state.drained_by_tool and state.drained_at and state.drained_at >= view.now
+    def _drain_recorder(self, step: Step) -> Callable[[], None] | None:
+        """For a drain: the node record (blast radius, lemons) to commit with its action."""
+        if step.name != "drain":
+            return None
+        return lambda: self._mark_drained(step.target, step.params["reason"])
+
+    def _call(self, step: Step, plan: Plan, job_id: int) -> Callable[[], object]:
+        """The scheduler call that does ``step``."""
+        s = self.scheduler
+        if step.name == "mark":
+            mark = hold_mark(plan.incident_id, self.clock() + self.hold_deadline)
+            return lambda: s.set_admin_comment(job_id, mark)
+        if step.name == "unmark":  # the note replaces the mark; the site's text stays
+            note = f"srecovery: requeued after incident {plan.incident_id}"
+            if plan.exclude:
+                note += f", excluding {hostlist.compress(plan.exclude)}"
+            return lambda: s.set_admin_comment(job_id, note)
+        calls: dict[str, Callable[[], object]] = {
+            "drain": lambda: s.drain_node(step.target, step.params["reason"]),
+            "requeue_hold": lambda: s.requeue_hold(job_id),
+            "exclude": lambda: (
+                s.add_excluded_nodes(job_id, step.params["nodes"], drop=step.params["unexclude"])
+                if step.params.get("unexclude")
+                else s.add_excluded_nodes(job_id, step.params["nodes"])
+            ),
+            "begin_now": lambda: s.set_begin_now(job_id, at=step.params.get("at")),
+            "release": lambda: s.release(job_id),
+            "cancel": lambda: s.cancel(job_id, step.params["reason"]),
+        }
+        return calls[step.name]
+
+    def _watchdog_released_at(self, incident: Incident, job: Job | None, base: int) -> float | None:
+        """When the watchdog released this incident's job (its own clock), if it did."""
+        if job is None or job.restart_count <= base:
+            return None
+        rows = self.store.audit_about(incidents=[incident.id], since=incident.opened_at)
+        times = [r.ts for r in rows if r.kind == "watchdog_release"]
+        return min(times) if times else None
+
+    def _record_change(self, incident: Incident, job_id: int, change: Change) -> None:
+        """Someone else changed what the tool did: record it once as ``slurm_change``
+        evidence (shown by ``explain``) and audit it; the tool leaves the change as it is."""
+        key = f"{change.what}:{change.target}"
+        seen = self.store.evidence_by_kinds(("slurm_change",), job_id=job_id, limit=1000)
+        if any(
+            r.evidence.payload.get("incident") == incident.id
+            and r.evidence.payload.get("key") == key
+            for r in seen
+        ):
+            return
+        now = self.clock()
+        node = None if change.target.startswith("job ") else change.target
+        with self.store.transaction():
+            self.store.add_evidence(
+                [
+                    Evidence(
+                        source="controller",
+                        kind="slurm_change",
+                        observed_at=now,
+                        node=node,
+                        job_id=job_id,
+                        payload={
+                            "incident": incident.id,
+                            "key": key,
+                            "what": change.what,
+                            "detail": change.detail,
+                        },
+                    )
+                ]
+            )
+            self.store.append_audit(
+                "controller",
+                "slurm_change",
+                change.target,
+                {"incident": incident.id, "what": change.what, "detail": change.detail},
+                ts=now,
+            )
+        log.warning(
+            "incident %d: %s: %s (left as it is)", incident.id, change.target, change.detail
+        )
+
+    def _finish(self, incident: Incident, plan: Plan, job: Job | None, close: Close) -> None:
+        if close.milestone:
+            self.store.add_milestone(incident.id, close.milestone, at=self.clock())
+        if close.milestone == "running_again":
+            self.store.add_milestone(incident.id, "released", at=self.clock())  # once
+        milestones = self.store.milestones(incident.id)
+        self._close(incident, close.outcome)
+        if close.milestone == "running_again" and self.metrics:
+            self.metrics.recovered(milestones)
+        if close.redo and job is not None:
+            self._redo(incident, plan, job)
+
+    def _redo(self, incident: Incident, plan: Plan, job: Job) -> None:
+        """The job runs again on a node the advice excluded (the watchdog released it before
+        the exclusion was applied): the same advice again, for the job's current attempt."""
+        now = self.clock()
+        attempt = self.store.resolve_attempt(
+            JobAttempt(self.cluster, job.job_id, job.submit_time, job.restart_count), seen_at=now
+        )
+        old = self.store.latest_advice(incident.id)
+        assert old is not None
+        summary = (
+            f"job {job.job_id} runs again on {hostlist.compress(job.nodes)}, which incident "
+            f"{incident.id} excluded"
+        )
+        with self.store.transaction():
+            again = self.store.open_incident(
+                attempt.id, str(IncidentKind.DOOMED), opened_at=now, summary=summary
+            )
+            self.store.add_milestone(again.id, "failure", at=now)
+            self.store.add_milestone(again.id, "detected", at=now)
+            stored = self.store.add_advice(
+                again.id,
+                decision=old.decision,
+                reason=f"{old.reason} (again: {summary})",
+                verdict={**old.verdict, "job": job_snapshot(job), "redo_of": incident.id},
+                evidence_ids=list(old.evidence_ids),
+                created_at=now,
+            )
+            self.store.add_milestone(again.id, "advised", at=now)
+            self.store.append_audit(
+                "controller",
+                "advice",
+                f"job {job.job_id}",
+                {
+                    "incident": again.id,
+                    "advice": stored.id,
+                    "action": old.decision,
+                    "mode": old.verdict.get("mode"),
+                    "reason": stored.reason,
+                    "rule": old.verdict.get("rule", ""),
+                    "redo_of": incident.id,
+                },
+                ts=now,
+            )
+        self._remember(again)
+        log.warning(
+            "incident %d: %s; incident %d restarts it again", incident.id, summary, again.id
         )
 
     def _mark_drained(self, node: str, reason: str) -> None:
@@ -640,233 +874,88 @@ class Reconciler:
                 name=node,
                 updated_at=now,
                 drained_by_tool=True,
-                drain_reason=reason,
+                drain_reason=sanitize_reason(reason),
                 drained_at=now,
                 implicated_count=old.implicated_count if old else 0,
                 last_implicated_at=old.last_implicated_at if old else None,
             )
         )
 
-    def _stop(self, incident: Incident, plan: Planned, job_id: int, job: Job | None) -> bool:
-        if (
-            job is not None
-            and job.active
-            and not self._step(
-                incident,
-                plan,
-                "cancel",
-                f"job {job_id}",
-                lambda: self.scheduler.cancel(job_id, plan.reason),
-            )
-        ):
-            return True
-        # A job that already ended stays ended; Slurm refuses to change a finished job's
-        # AdminComment, so the reason lives in the advice and the audit trail.
-        self.store.add_milestone(incident.id, "stopped", at=self.clock())
-        self._close(incident, f"stopped: {plan.reason}")
-        return False
-
-    def _restart(
-        self, incident: Incident, plan: Planned, job_id: int, base: int, view: ClusterView
-    ) -> bool:
-        """Requeue held -> exclude -> begin now -> release -> running again, from Slurm's state.
-
-        Reads the job again after each step so one pass goes as far as Slurm allows.
-        """
-        job = view.jobs.get(job_id)
-        for _ in range(8):
-            if job is None:
-                self._close(incident, "job no longer in Slurm")
-                return False
-            mark = parse_hold_mark(job.admin_comment)
-            ours = mark is not None and mark[0] == incident.id
-            self._record_found(incident, plan, job, base, ours)
-            if job.restart_count == base:
-                if job.state not in _REQUEUEABLE:
-                    return True  # e.g. COMPLETING: wait for Slurm
-                if job.active and not ours:
-                    # Mark before holding, so the watchdog can always find what we hold.
-                    # (A finished job's AdminComment cannot change: it is marked once held.)
-                    if not self._mark(incident, plan, job_id):
-                        return True
-                elif not self._step(
-                    incident,
-                    plan,
-                    "requeue_hold",
-                    f"job {job_id}",
-                    lambda: self.scheduler.requeue_hold(job_id),
-                    milestone="held",
-                ):
-                    return True
-            elif (
-                job.state == "PENDING"
-                and job.held
-                and mark is None
-                and job.restart_count == base + 1
-                and "released" not in self.store.milestones(incident.id)
-            ):
-                # Our requeue of a finished job (or a crash right after it): mark it now.
-                # Once released (by us or the watchdog), a new hold is someone else's.
-                if not self._mark(incident, plan, job_id):
-                    return True
-            elif job.state == "PENDING":
-                if not plan.exclude <= job.excluded_nodes:
-                    if not self._step(
-                        incident,
-                        plan,
-                        "exclude",
-                        f"job {job_id}",
-                        lambda: self.scheduler.add_excluded_nodes(job_id, plan.exclude),
-                        milestone="excluded",
-                        params={"nodes": sorted(plan.exclude)},
-                    ):
-                        return True
-                elif job.held and ours:
-                    if job.begin_time > self.clock() + 1:
-                        if not self._step(
-                            incident,
-                            plan,
-                            "begin_now",
-                            f"job {job_id}",
-                            lambda: self.scheduler.set_begin_now(job_id),
-                        ):
-                            return True
-                    elif self.clock() < self._earliest_release(incident):
-                        return True  # the previous attempt's credential is still revoked
-                    elif not self._step(
-                        incident,
-                        plan,
-                        "release",
-                        f"job {job_id}",
-                        lambda: self.scheduler.release(job_id),
-                        milestone="released",
-                    ):
-                        return True
-                    else:
-                        self._unmark(incident, plan, job_id)
-                elif job.held:
-                    return True  # held by someone else: not ours to release
-                else:
-                    # released (by us, or by the watchdog): waiting for resources
-                    self.store.add_milestone(incident.id, "released", at=self.clock())
-                    if ours:  # released, but the mark stayed (a crash or Slurm down between)
-                        self._unmark(incident, plan, job_id)
-                    return True
-            elif job.state == "RUNNING":
-                if ours and not self._unmark(incident, plan, job_id):
-                    return True  # a stale mark would make a later hold look like ours
-                self._running_again(incident, job)
-                return False
-            elif job.active:
-                return True  # COMPLETING, CONFIGURING ...: Slurm is moving it
-            else:
-                self._close(incident, f"restarted; the new attempt ended {job.state}")
-                return False
-            job = self.scheduler.get_job(job_id)
-        return True
-
-    def _earliest_release(self, incident: Incident) -> float:
-        held_at = self.store.milestones(incident.id).get("held")
-        if held_at is None:  # held just before a crash, before it was recorded: count from now
-            held_at = self.store.add_milestone(incident.id, "held", at=self.clock())
-        return earliest_restart(held_at)
-
-    def _mark(self, incident: Incident, plan: Planned, job_id: int) -> bool:
-        until = self.clock() + self.hold_deadline
-        return self._step(
-            incident,
-            plan,
-            "mark",
-            f"job {job_id}",
-            lambda: self.scheduler.set_admin_comment(job_id, hold_mark(incident.id, until)),
-        )
-
-    def _record_found(
-        self, incident: Incident, plan: Planned, job: Job, base: int, ours: bool
-    ) -> None:
-        """Record the steps Slurm shows done that have no record: the controller was killed
-        (or lost Slurm) between a call and the commit of its record. Not the begin time: once
-        released, Slurm no longer shows whether it was moved."""
-        shown = []
-        if ours:
-            shown.append("mark")
-        if job.restart_count > base:
-            shown.append("requeue_hold")
-            if plan.exclude and plan.exclude <= job.excluded_nodes:
-                shown.append("exclude")
-            if ours and not job.held:  # released with our mark: by us (the watchdog unmarks)
-                shown.append("release")
-        if shown:
-            target = f"job {job.job_id}"
-            for step in shown:
-                self._found(incident, plan, step, target)
-
-    def _found(self, incident: Incident, plan: Planned, step: str, target: str) -> None:
-        """Record ``step`` on ``target`` as done, unless it is recorded ok already."""
+    def _found(self, incident: Incident, plan: Plan, step: Step) -> None:
+        """Record ``step`` as done: Slurm shows it, and no success is recorded. Either the
+        controller stopped after the call, or Slurm applied it and its answer was lost."""
         done = self.store.actions(incident_id=incident.id)
-        if any(a.step == step and a.target == target and a.result == "ok" for a in done):
+        if any(a.step == step.name and a.target == step.target and a.result == "ok" for a in done):
             return
+        lost = any(
+            r.kind == "action"
+            and r.payload.get("step") == step.name
+            and r.subject == step.target
+            and r.payload.get("result") == "unanswered"
+            for r in self.store.audit_about(incidents=[incident.id], since=incident.opened_at)
+        )
+        message = (
+            "found done in Slurm: Slurm applied it, but its answer was lost (slurmctld stopped "
+            "answering during the call)"
+            if lost
+            else "found done in Slurm, with no record: the controller stopped after the call"
+        )
         now = self.clock()
-        message = "found done in Slurm, with no record: the controller stopped after the call"
         with self.store.transaction():
             self.store.record_action(
-                step,
-                target,
+                step.name,
+                step.target,
                 result="ok",
                 started_at=now,
                 finished_at=now,
                 advice_id=plan.advice_id,
+                params={k: v for k, v in step.params.items() if k != "reason"} or None,
                 message=message,
             )
             self.store.append_audit(
                 "controller",
                 "action",
-                target,
-                {"incident": incident.id, "step": step, "result": "ok", "found": True},
+                step.target,
+                {"incident": incident.id, "step": step.name, "result": "ok", "found": True},
                 ts=now,
             )
-        log.warning("incident %d: %s %s %s", incident.id, step, target, message)
-
-    def _unmark(self, incident: Incident, plan: Planned, job_id: int) -> bool:
-        """Replace the hold mark by a note, once the job is released."""
-        note = f"srecovery: requeued after incident {incident.id}"
-        if plan.exclude:
-            note += f", excluding {hostlist.compress(plan.exclude)}"
-        return self._step(
-            incident,
-            plan,
-            "unmark",
-            f"job {job_id}",
-            lambda: self.scheduler.set_admin_comment(job_id, note),
-        )
-
-    def _running_again(self, incident: Incident, job: Job) -> None:
-        now = self.clock()
-        self.store.add_milestone(incident.id, "released", at=now)  # no-op when recorded
-        self.store.add_milestone(incident.id, "running_again", at=now)
-        milestones = self.store.milestones(incident.id)
-        self._close(incident, f"restarted on {hostlist.compress(job.nodes)}")
-        if self.metrics:
-            self.metrics.recovered(milestones)
+            if step.name == "drain":
+                shown = self.store.get_node(step.target)
+                if not (shown and shown.drained_by_tool):  # drained by us just before a crash
+                    self._mark_drained(step.target, step.params.get("reason", ""))
+        log.warning("incident %d: %s %s %s", incident.id, step.name, step.target, message)
 
     # --- recording -----------------------------------------------------------------
 
     def _step(
         self,
         incident: Incident,
-        plan: Planned,
+        plan: Plan,
         step: str,
         target: str,
         call: Callable[[], object],
         *,
         milestone: str | None = None,
         params: Mapping[str, Any] | None = None,
+        also: Callable[[], None] | None = None,
     ) -> bool:
         """Do one scheduler step and record it (action, milestone, audit); False if refused."""
         started = self.clock()
         try:
             call()
-        except Unreachable:
+        except Unreachable as exc:  # Slurm may have applied it: say so, then retry later
+            self.store.append_audit(
+                "controller",
+                "action",
+                target,
+                {
+                    "incident": incident.id,
+                    "step": step,
+                    "result": "unanswered",
+                    "message": str(exc),
+                },
+                ts=self.clock(),
+            )
             raise
         except SchedulerError as exc:
             finished = self.clock()
@@ -910,6 +999,8 @@ class Reconciler:
             )
             if milestone:
                 self.store.add_milestone(incident.id, milestone, at=finished)
+            if also is not None:
+                also()
             self.store.append_audit(
                 "controller",
                 "action",
@@ -981,6 +1072,8 @@ class Reconciler:
             except json.JSONDecodeError:
                 log.warning("watchdog spool: skipping a malformed line: %r", line[:200])
                 continue
+            if isinstance(record, dict) and "incident_id" in record:
+                record["incident"] = record["incident_id"]  # among the incident's own rows
             self.store.append_audit(
                 "watchdog",
                 "watchdog_release",
@@ -993,7 +1086,7 @@ class Reconciler:
         tmp.replace(done_file)
 
 
-def describe(plan: Planned, job_id: int) -> str:
+def describe(plan: Plan, job_id: int) -> str:
     """``requeue job 12 excluding n2, drain n2`` — what the advice asks, in words."""
     words = {
         Action.REQUEUE_EXCLUDE: f"requeue job {job_id}",

@@ -15,7 +15,7 @@ observed at the pass's time, so within one loop interval of the change):
   nor recorded a ``requeue_hold`` of it since the previous pass [restart_count,
   previous_restart_count, state, nodes];
 - ``cancelled``: a job went to CANCELLED, and the tool neither recorded a ``cancel`` of it
-  since the previous pass nor left its note (``slurm-recovery: ...``) in its AdminComment
+  since the previous pass nor left its note (``holdmark.cancelled_by_tool``) in its AdminComment
   [previous_state, nodes].
 
 The tool's own steps are not recorded here: the ``actions`` table has them, with their times.
@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from slurm_recovery.decide.model import ClusterView
-from slurm_recovery.holdmark import parse_hold_mark
+from slurm_recovery.holdmark import cancelled_by_tool, parse_hold_mark
 from slurm_recovery.scheduler import Job
 from slurm_recovery.scorecard import is_tool_drain
 from slurm_recovery.store import Evidence, Store
@@ -44,8 +44,6 @@ KIND = "slurm_change"
 SOURCE = "scheduler"
 #: Most rows one pass records; the rest are counted in one ``truncated`` row.
 MAX_CHANGES_PER_PASS = 500
-#: How the AdminComment the tool writes on a job it cancels starts (``admin_comment_for``).
-TOOL_CANCEL_PREFIX = "slurm-recovery:"
 #: Slack, in seconds, when matching a change to the tool's own step of the previous pass.
 STEP_SLACK = 5.0
 
@@ -60,7 +58,7 @@ def tool_job(job: Job) -> bool:
     """The tool holds the job (its hold mark), or cancelled it (its note)."""
     comment = job.admin_comment
     return parse_hold_mark(comment) is not None or (
-        job.state == "CANCELLED" and comment.startswith(TOOL_CANCEL_PREFIX)
+        job.state == "CANCELLED" and cancelled_by_tool(comment)
     )
 
 

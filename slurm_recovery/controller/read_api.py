@@ -31,7 +31,7 @@ from slurm_recovery.controller import views
 from slurm_recovery.controller.loop import core_evidence
 from slurm_recovery.decide.detect import is_fatal_node_event
 from slurm_recovery.decide.model import ClusterView, FaultClass, IncidentKind
-from slurm_recovery.holdmark import parse_hold_mark
+from slurm_recovery.holdmark import requeued_by_tool
 from slurm_recovery.store import Store, StoreError
 
 if TYPE_CHECKING:
@@ -208,8 +208,7 @@ def excluding_jobs(view: ClusterView | None) -> dict[str, list[int]]:
     if view is None:
         return out
     for job in view.jobs.values():
-        comment = job.admin_comment
-        if job.active and (comment.startswith("srecovery: requeued") or parse_hold_mark(comment)):
+        if job.active and requeued_by_tool(job.admin_comment):
             for node in job.excluded_nodes:
                 out.setdefault(node, []).append(job.job_id)
     return out

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from slurm_recovery import __version__
+from slurm_recovery import __version__, hostlist
 from slurm_recovery.auth import authorize, requests
 from slurm_recovery.config import Config
 from slurm_recovery.controller import audit_api, operator_api, read_api, views
@@ -33,7 +33,7 @@ from slurm_recovery.controller.wire import WireError, parse_batch
 from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import load_policy
-from slurm_recovery.holdmark import parse_hold_mark
+from slurm_recovery.holdmark import requeued_by_tool
 from slurm_recovery.scheduler import Node, Scheduler, open_scheduler
 from slurm_recovery.store import Evidence, Store, StoreError
 from slurm_recovery.store.store import ROUTINE_EVIDENCE
@@ -117,10 +117,34 @@ def excluded_by_tool(view: ClusterView) -> set[str]:
     """Nodes excluded from active jobs that the tool requeued (its mark or note is on them)."""
     nodes: set[str] = set()
     for job in view.jobs.values():
-        comment = job.admin_comment
-        if job.active and (comment.startswith("srecovery: requeued") or parse_hold_mark(comment)):
+        if job.active and requeued_by_tool(job.admin_comment):
             nodes |= job.excluded_nodes
     return nodes
+
+
+#: Evidence kinds ``srecovery report`` sends (an operator's word on a node).
+REPORT_KINDS = ("operator_report", "xid")
+
+
+def check_operator_report(
+    evidence: list[Evidence], view: ClusterView | None, job_on_record: Callable[[int], bool]
+) -> None:
+    """Refuse (WireError: 400) an operator's report on a node Slurm does not have, on a job
+    neither Slurm nor the store knows, or without a reason: a typo must not pass unnoticed.
+    Before the first pass has read Slurm (``view`` None) only the reason is checked."""
+    for e in evidence:
+        if e.kind not in REPORT_KINDS:
+            continue  # e.g. the head node's epilog posts job ends with the operator role
+        if e.kind == "operator_report" and not str(e.payload.get("reason") or "").strip():
+            raise WireError("an operator report needs a reason: what is wrong, in words")
+        if view is None:
+            continue
+        if e.node is not None and e.node not in view.nodes:
+            raise WireError(
+                f"unknown node {e.node!r}: Slurm shows {hostlist.compress(view.nodes) or 'none'}"
+            )
+        if e.job_id is not None and e.job_id not in view.jobs and not job_on_record(e.job_id):
+            raise WireError(f"unknown job {e.job_id}: neither Slurm nor the controller knows it")
 
 
 class Controller:
@@ -370,6 +394,12 @@ class Controller:
         ]
         if not self.insecure:
             authorize.authorize_evidence(principal, events, self.node_addresses, self.operators)
+        if principal.role == "operator":
+            view = self.reconciler.last_view if self.reconciler else None
+            store = self.ingest.store()
+            check_operator_report(
+                evidence, view, lambda job: store.latest_attempt(self.cluster, job) is not None
+            )
         return principal, evidence
 
     def _store_evidence(

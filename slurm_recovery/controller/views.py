@@ -14,6 +14,8 @@ from typing import Any
 
 from slurm_recovery import hostlist
 from slurm_recovery.controller.loop import milestone_latencies
+from slurm_recovery.decide.cleared import cleared_ids
+from slurm_recovery.decide.model import Evidence as CoreEvidence
 from slurm_recovery.store import Advice, AuditRow, EvidenceRecord, Incident, NodeState, Store
 from slurm_recovery.store.store import MILESTONE_ORDER
 
@@ -50,6 +52,7 @@ def advice_json(advice: Advice, timespec: str = "milliseconds") -> dict[str, Any
         "needs_operator": details.get("needs_operator", False),
         "verdict": details.get("verdict", {}),
         "job": details.get("job"),  # Slurm's view of the job when advised (replay)
+        "restarts": details.get("restarts"),  # the restarts the controller counted (replay)
         "evidence_ids": list(advice.evidence_ids),
     }
 
@@ -569,35 +572,28 @@ def lemon_score(
 
 
 def open_findings(findings: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The GPU and fabric conditions still open, from the latest finding of each check (and
-    GPU, and port) of each node (``evidence_json`` dicts, any order; older findings of the same
-    check are passed over, so all of a node's may be given): a finding is open unless it
-    says ``cleared: true`` or is only ``info``, and, for GPU checks, unless a later
-    ``gpu_reset`` of its GPU (or of the whole node) ended it. Oldest first. Pure."""
-    latest: dict[tuple[Any, ...], Mapping[str, Any]] = {}
-    for e in sorted(findings, key=lambda e: (epoch(e["observed_at"]) or 0.0, e["id"])):
-        p = e.get("payload") or {}
-        latest[(e.get("node"), e["kind"], p.get("check"), e.get("gpu"), p.get("port"))] = e
-    items = sorted(latest.values(), key=lambda e: (epoch(e["observed_at"]) or 0.0, e["id"]))
-    resets = [
-        e
+    """The GPU and fabric conditions still open (``evidence_json`` dicts, any order; all of a
+    node's may be given): the fatal and warning findings that the node has not ended since, by
+    the rule detection and attribution use (:func:`slurm_recovery.decide.cleared.cleared_ids`:
+    a later finding of the same check, a ``cleared: true`` one, a ``gpu_reset`` of the GPU or
+    the whole node). Oldest first. Pure."""
+    items = sorted(findings, key=lambda e: (epoch(e["observed_at"]) or 0.0, e["id"]))
+    ended = cleared_ids(
+        CoreEvidence(
+            id=e["id"],
+            source=str(e.get("source", "")),
+            kind=e["kind"],
+            observed_at=epoch(e["observed_at"]) or 0.0,
+            node=e.get("node"),
+            gpu=e.get("gpu"),
+            payload=e.get("payload") or {},
+        )
         for e in items
-        if e["kind"] == "gpu_finding" and (e.get("payload") or {}).get("check") == "gpu_reset"
-    ]
+    )
     out = []
     for e in items:
         p = e.get("payload") or {}
-        if p.get("check") == "gpu_reset" or p.get("cleared") is True:
-            continue
-        if p.get("severity") not in ("fatal", "warning"):
-            continue
-        at = epoch(e["observed_at"]) or 0.0
-        if e["kind"] == "gpu_finding" and any(
-            r["node"] == e["node"]
-            and (r.get("gpu") is None or r.get("gpu") == e.get("gpu"))
-            and (epoch(r["observed_at"]) or 0.0) >= at
-            for r in resets
-        ):
+        if e["id"] in ended or p.get("severity") not in ("fatal", "warning"):
             continue
         out.append(
             {

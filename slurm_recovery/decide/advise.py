@@ -5,8 +5,13 @@ the one that decided):
 
 0. ``straggler.no_node`` / ``straggler.restart``: a straggler no node explains, or any while
    ``straggler.restart`` is false -> none (reported; a straggler drains by ``straggler.drain``).
+0. ``app_fault.running``: an application fault seen in the log of a job that is still running
+   -> none, and no drain: advice only (a log line alone never stops, requeues or drains; the
+   job's crash, or its hang past the deadline, is decided with the same lines).
 1. ``do_not_requeue_exit_codes``: the job exited with such a code (NVRx's 93) -> stop.
 2. ``classes.<class>.action`` when it is ``stop`` or ``none`` (an application fault -> stop).
+2a. ``interactive_jobs``: an interactive job (srun/salloc), which Slurm cannot requeue -> none
+   (``leave``: it ends on its own) or stop (``cancel``); its nodes are still drained.
 3. ``max_restarts``: the tool already restarted this job that many times -> stop.
 4. ``max_excluded_nodes``: excluding the implicated nodes would leave the job with more excluded
    nodes than allowed -> stop, needs an operator.
@@ -49,9 +54,13 @@ def advise(
     policy: Policy,
     view: ClusterView,
     restarts_so_far: int,
+    tool_excluded: frozenset[str] = frozenset(),
 ) -> Advice:
     """The advice for ``incident``. ``restarts_so_far``: restarts the tool already made for this
-    job (over its whole history; the controller counts them, Slurm does not)."""
+    job (over its whole history; the controller counts them, Slurm does not).
+    ``tool_excluded``: the nodes the tool itself excluded from this job earlier; those repaired
+    since (Slurm shows them in service) are dropped from the next attempt, and the cap counts
+    only the tool's exclusions still in force (the user's own ``--exclude`` never counts)."""
     mode = policy.mode_for(job.partition)
     class_policy = policy.for_class(verdict.fault_class)
     class_rule = f"classes.{verdict.fault_class}.action"
@@ -59,12 +68,20 @@ def advise(
     straggler = incident.kind is IncidentKind.STRAGGLER
     if straggler:
         class_policy = replace(class_policy, drain=policy.straggler.drain)
-    drains = plan_drains(verdict, class_policy, policy, view)
+    running_fault = incident.kind is IncidentKind.APP_FAULT
+    drains = DrainPlan() if running_fault else plan_drains(verdict, class_policy, policy, view)
 
     exclude: frozenset[str] = frozenset()
+    unexclude: frozenset[str] = frozenset()
     needs_operator = False
     code = job.exit_code.returncode
-    if straggler and not verdict.nodes:
+    if running_fault:
+        action, rule = Action.NONE, "app_fault.running"
+        what = (
+            f"{cause}: advice only, nothing done: job {job.job_id} is still running (a log line "
+            "alone does not stop or requeue a job; if it crashes or hangs, that is decided then)"
+        )
+    elif straggler and not verdict.nodes:
         action, rule = Action.NONE, "straggler.no_node"
         what = f"{cause}: reported only (no node explains it; a restart would not help)"
     elif straggler and not policy.straggler.restart:
@@ -81,6 +98,13 @@ def advise(
             what = f"{cause}: stop ({verdict.fault_class} fault, not restarted)"
         else:
             what = f"{cause}: no action ({class_rule} = none)"
+    elif not job.batch:
+        action, rule = _interactive(policy.interactive_jobs)
+        what = (
+            f"{cause}: {'stop' if action is Action.STOP else 'left to end on its own'}: "
+            f"job {job.job_id} is interactive (srun/salloc), which Slurm cannot requeue "
+            f"(interactive_jobs = {policy.interactive_jobs})"
+        )
     elif not job.requeueable:
         action, rule = Action.STOP, "job.no_requeue"
         what = f"{cause}: stop (the job was submitted with --no-requeue)"
@@ -93,7 +117,8 @@ def advise(
     else:
         wanted = verdict.nodes if class_policy.action is Action.REQUEUE_EXCLUDE else frozenset()
         restart = f"(restart {restarts_so_far + 1} of {policy.max_restarts})"
-        merged = job.excluded_nodes | wanted
+        repaired = repaired_exclusions(tool_excluded & job.excluded_nodes, view)
+        merged = (tool_excluded & job.excluded_nodes) - repaired | wanted
         if wanted & job.required_nodes:
             action, rule, needs_operator = Action.STOP, "job.required_nodes", True
             what = (
@@ -111,6 +136,9 @@ def advise(
         elif wanted:
             action, rule, exclude = Action.REQUEUE_EXCLUDE, class_rule, wanted
             what = f"{cause}: requeue excluding {compress(wanted)} {restart}"
+            if repaired - wanted:
+                unexclude = repaired - wanted
+                what += f" (no longer excluding {compress(unexclude)}: back in service)"
         else:
             action, rule = Action.REQUEUE, class_rule
             why = (
@@ -132,10 +160,16 @@ def advise(
         ),
         rule=rule,
         exclude=exclude,
+        unexclude=unexclude,
         drain=drains.drain,
         needs_operator=needs_operator,
         verdict=verdict,
     )
+
+
+def _interactive(setting: str) -> tuple[Action, str]:
+    """What ``interactive_jobs`` does with a job that needs a restart it cannot have."""
+    return (Action.STOP if setting == "cancel" else Action.NONE), "interactive_jobs"
 
 
 @dataclass(frozen=True)
@@ -243,6 +277,18 @@ def _over_cap(
                 f"max_percent = {radius.max_percent:g})"
             )
     return ""
+
+
+def repaired_exclusions(excluded: frozenset[str], view: ClusterView) -> frozenset[str]:
+    """Of the tool's exclusions, the nodes Slurm shows in service again (not drained, not
+    down): an operator resumed them after repair, so they no longer need excluding."""
+    return frozenset(
+        name
+        for name in excluded
+        if (node := view.nodes.get(name)) is not None
+        and not node.drained
+        and node.state not in ("DOWN", "FAIL", "FUTURE")
+    )
 
 
 def after_drains(view: ClusterView, nodes: Iterable[str]) -> ClusterView:

@@ -3,9 +3,15 @@
 Pure and deterministic: no clock, no files, no logging; the order of the evidence does not
 matter. Only evidence inside the policy's ``fatal_evidence_window`` around the failure counts
 (Meta's study: node events from 10 minutes before to 5 minutes after), and only evidence from one
-of the job's nodes, or naming the job. **A node is implicated only by evidence about that node**
-(``Evidence.node``, or a hardware/system line of the job's log naming it: ``decide.joblogs``);
-the evidence ids behind every implicated node are in the verdict.
+of the job's nodes, or naming the job; a GPU-scoped XID on a GPU Slurm shows the job does not
+hold is another job's (``detect.concerns_job``). **A node is implicated only by evidence about
+that node** (``Evidence.node``, or a hardware/system line of the job's log naming it:
+``decide.joblogs``); the evidence ids behind every implicated node are in the verdict.
+
+Node evidence that the node itself ended before the failure (a later GPU reset, a healthy
+reading: :mod:`decide.cleared`) and evidence about a node from before Slurm last showed it resumed
+implicate nothing. A hang's own log lines count from the attempt's start, however long before
+its deadline passed: they explain why it stopped.
 
 Each piece of evidence becomes a finding: a class, whether it is *decisive*, a confidence, and
 the node it implicates (if any). The verdict is the first tier that has findings:
@@ -38,7 +44,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_recovery.decide.catalogue import XidCatalogue, xid_code
-from slurm_recovery.decide.detect import NODE_FINDING_KINDS, START_SLACK, in_attempt
+from slurm_recovery.decide.cleared import cleared_ids
+from slurm_recovery.decide.detect import (
+    NODE_FINDING_KINDS,
+    START_SLACK,
+    concerns_job,
+    in_attempt,
+)
 from slurm_recovery.decide.joblogs import judge_job_log
 from slurm_recovery.decide.model import Evidence, FaultClass, Incident, IncidentKind, Verdict
 from slurm_recovery.decide.policy import Policy
@@ -134,23 +146,25 @@ def attribute(
     low = incident.failed_at - window.window_before
     high = incident.failed_at + window.window_after
     lost = job.state in NODE_LOST_STATES
-    job_nodes = frozenset(job.nodes)
     findings: list[_Finding] = []
     job_end_ids: list[int] = []
     resumed = resumed_at(evidence, incident.failed_at)
+    ended = cleared_ids(evidence, until=incident.failed_at)
     for ev in sorted(evidence, key=lambda e: (e.observed_at, e.id)):
-        if not low <= ev.observed_at <= high:
+        if not low <= ev.observed_at <= high or ev.id in ended:
             continue
         if ev.node is not None and ev.observed_at < resumed.get(ev.node, -1.0):
             continue  # about the node before someone repaired and resumed it
-        on_node = ev.node is not None and ev.node in job_nodes
+        # on one of the job's nodes, and not a GPU-scoped XID on a GPU it does not hold
+        on_node = concerns_job(ev, job, catalogue, nodes)
         mine = ev.job_id == job.job_id and in_attempt(ev, job)
         if ev.kind == "job_end" and mine:
             job_end_ids.append(ev.id)
         found = _finding(ev, on_node, mine, lost, job, catalogue)
         if found is not None:
             findings.append(found)
-    findings += _log_findings(evidence, job, low, high)
+    log_low = job.start_time - START_SLACK if incident.kind is IncidentKind.HANG else low
+    findings += _log_findings(evidence, job, min(low, log_low), high)
     ends = tuple(job_end_ids)
     if job.state == "OUT_OF_MEMORY":
         findings.append(

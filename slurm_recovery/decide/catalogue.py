@@ -32,7 +32,19 @@ XID_FAULT_DOMAINS = MappingProxyType(
     }
 )
 
-_ENTRY_KEYS = ("code", "meaning", "class", "action", "fatal", "not_fatal_when_message_contains")
+#: ``XidInfo.scope``: ``gpu`` faults harm only work on the XID's GPU; ``node`` ones all work
+#: on the node (the default, also for an XID the catalogue does not list).
+XID_SCOPES = ("gpu", "node")
+
+_ENTRY_KEYS = (
+    "code",
+    "meaning",
+    "class",
+    "action",
+    "fatal",
+    "scope",
+    "not_fatal_when_message_contains",
+)
 _REQUIRED_KEYS = ("code", "meaning", "class", "action", "fatal")
 
 
@@ -51,6 +63,12 @@ class XidInfo:
     fatal: bool
     #: the XID is not fatal when its log line contains this (case-insensitive); "" = never
     not_fatal_when_message_contains: str = ""
+    #: ``gpu``: only jobs on the XID's GPU are hit; ``node``: every job on the node
+    scope: str = "node"
+
+    @property
+    def gpu_scoped(self) -> bool:
+        return self.scope == "gpu"
 
     @property
     def label(self) -> str:
@@ -110,6 +128,7 @@ class XidCatalogue:
                 action="none",
                 fatal=False,
                 not_fatal_when_message_contains=marker,
+                scope=info.scope,
             )
         return info
 
@@ -260,6 +279,7 @@ def _entry(source: str, position: int, table: Any, problems: list[str]) -> XidIn
         return None
     code, meaning, klass, action, fatal = (table[k] for k in _REQUIRED_KEYS)
     marker = table.get("not_fatal_when_message_contains", "")
+    scope = table.get("scope", "node")
     if isinstance(code, bool) or not isinstance(code, int) or code < 0:
         problems.append(f"{where}: code = {code!r}: must be a whole number, 0 or more")
     if not isinstance(meaning, str) or not meaning.strip() or "\n" in meaning:
@@ -279,6 +299,11 @@ def _entry(source: str, position: int, table: Any, problems: list[str]) -> XidIn
         problems.append(f"{where}: fatal = {fatal!r}: must be true or false (no quotes)")
     if not isinstance(marker, str):
         problems.append(f"{where}: not_fatal_when_message_contains = {marker!r}: must be a string")
+    if scope not in XID_SCOPES:
+        problems.append(
+            f"{where}: scope = {scope!r}: must be gpu (only work on that GPU is hit) or node "
+            "(all work on the node)" + did_you_mean(str(scope), XID_SCOPES)
+        )
     if klass == FaultClass.APPLICATION.value and fatal is True:
         problems.append(
             f"{where}: fatal = true with class application: an application XID leaves the GPU "
@@ -293,4 +318,5 @@ def _entry(source: str, position: int, table: Any, problems: list[str]) -> XidIn
         action=action,
         fatal=fatal,
         not_fatal_when_message_contains=marker,
+        scope=scope,
     )

@@ -7,15 +7,24 @@ job id, at most one new incident per job attempt ``(job_id, restart_count)``:
    completed, were cancelled, timed out, were preempted or missed their deadline are not crashes.
 2. DOOMED: the job is RUNNING and fatal node evidence (a fatal, non-application XID, or an
    operator's report) arrived for one of its nodes since it started: it cannot finish, so it is
-   restarted away now rather than when it exits or hangs.
-3. APP_FAULT: the job is RUNNING and a recognised log line says its application failed.
+   restarted away now rather than when it exits or hangs. A GPU-scoped XID (catalogue
+   ``scope``) dooms only the jobs Slurm's GRES shows on that GPU (:func:`concerns_job`).
+3. APP_FAULT: the job is RUNNING, a recognised log line says its application failed, and the
+   job is still running ``fatal_evidence_window.settle`` after that line. This incident is advice
+   only (``advise`` gives it action none, no drain): a log line explains a failure, it does not
+   create one. A job that then exits is a CRASH, one that stops making progress a HANG, each
+   judged with the same lines.
+
+Node evidence the node itself has since cleared (a GPU reset, a healthy reading:
+:mod:`decide.cleared`) dooms nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from slurm_recovery.decide.catalogue import XidCatalogue, xid_code
+from slurm_recovery.decide.cleared import still_open
 from slurm_recovery.decide.hang import of_attempt
 from slurm_recovery.decide.joblogs import judge_job_log
 from slurm_recovery.decide.model import (
@@ -27,7 +36,7 @@ from slurm_recovery.decide.model import (
 )
 from slurm_recovery.decide.policy import Policy
 from slurm_recovery.hostlist import compress
-from slurm_recovery.scheduler.base import Job
+from slurm_recovery.scheduler.base import Job, Node
 
 #: Job end states that are failures (a crash incident). Any other end is not ours to fix.
 FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"})
@@ -43,14 +52,16 @@ def detect(
     open_or_done: Collection[tuple[int, int]],
     catalogue: XidCatalogue,
     policy: Policy,
+    advised: Collection[tuple[int, int]] | None = None,
 ) -> list[Incident]:
     """New incidents, in order of job id; attempts in ``open_or_done`` are skipped.
 
-    ``policy`` is accepted so that detection settings can live in the policy file; the rules
-    above need none yet.
+    ``advised``: attempts that already have an APP_FAULT advice (not raised again; their later
+    crash is still detected); None: the attempts in ``open_or_done``.
     """
     skip = set(open_or_done)
-    ordered = sorted(evidence, key=_evidence_order)
+    advised_once = skip if advised is None else set(advised)
+    ordered = sorted(still_open(evidence), key=_evidence_order)
     found: list[Incident] = []
     for job_id in sorted(view.jobs):
         job = view.jobs[job_id]
@@ -58,8 +69,12 @@ def detect(
             continue
         incident = (
             _crash(job, ordered, view)
-            or _doomed(job, ordered, catalogue)
-            or _app_fault(job, ordered)
+            or _doomed(job, ordered, catalogue, view.nodes)
+            or (
+                None
+                if (job.job_id, job.restart_count) in advised_once
+                else _app_fault(job, ordered, view.now, policy.fatal_evidence_window.settle)
+            )
         )
         if incident is not None:
             found.append(incident)
@@ -87,6 +102,31 @@ def is_fatal_node_event(ev: Evidence, catalogue: XidCatalogue) -> bool:
         return False
     info = catalogue.assess(code, str(ev.payload.get("message", "")))
     return info.fatal and info.fault_class is not FaultClass.APPLICATION
+
+
+def holds_gpu(job: Job, node: str, gpu: int, nodes: Mapping[str, Node] | None) -> bool:
+    """Whether ``job`` may be using GPU ``gpu`` of ``node``. False only when Slurm says so:
+    the node has GPU GRES (with ``gpu`` among them) and the job's GPU indices are known and
+    leave ``gpu`` out there (a job without GPU GRES holds none). Anything unknown: True."""
+    info = nodes.get(node) if nodes else None
+    if info is None or not 0 <= gpu < info.gpus or job.gpus is None:
+        return True
+    return gpu in job.gpus.get(node, frozenset())
+
+
+def concerns_job(
+    ev: Evidence, job: Job, catalogue: XidCatalogue, nodes: Mapping[str, Node] | None
+) -> bool:
+    """Evidence about one of the job's nodes that reaches the job: all of it, except a
+    GPU-scoped XID (catalogue ``scope = "gpu"``) on a GPU the job does not hold there."""
+    if ev.node is None or ev.node not in job.nodes:
+        return False
+    if ev.kind != "xid" or ev.gpu is None:
+        return True
+    code = xid_code(ev.payload)
+    if code is None or not catalogue.lookup(code).gpu_scoped:
+        return True
+    return holds_gpu(job, ev.node, ev.gpu, nodes)
 
 
 def in_attempt(ev: Evidence, job: Job) -> bool:
@@ -124,14 +164,22 @@ def _crash(job: Job, evidence: Sequence[Evidence], view: ClusterView) -> Inciden
     )
 
 
-def _doomed(job: Job, evidence: Sequence[Evidence], catalogue: XidCatalogue) -> Incident | None:
+def _doomed(
+    job: Job,
+    evidence: Sequence[Evidence],
+    catalogue: XidCatalogue,
+    nodes: Mapping[str, Node] | None = None,
+) -> Incident | None:
+    """A running job with fatal node evidence that reaches it (:func:`concerns_job`): a
+    GPU-scoped XID dooms only the jobs on that GPU, anything else every job on the node."""
     if job.state != "RUNNING":
         return None
-    nodes = set(job.nodes)
     fatal = [
         ev
         for ev in evidence
-        if ev.node in nodes and in_attempt(ev, job) and is_fatal_node_event(ev, catalogue)
+        if in_attempt(ev, job)
+        and is_fatal_node_event(ev, catalogue)
+        and concerns_job(ev, job, catalogue, nodes)
     ]
     if not fatal:
         return None
@@ -147,10 +195,14 @@ def _doomed(job: Job, evidence: Sequence[Evidence], catalogue: XidCatalogue) -> 
     )
 
 
-def _app_fault(job: Job, evidence: Sequence[Evidence]) -> Incident | None:
+def _app_fault(
+    job: Job, evidence: Sequence[Evidence], now: float, settle: float
+) -> Incident | None:
     """The running job's own log says its application failed: the verdict on its lines (as
     ``srecovery explain-log`` gives it) is an application fault. A rank's exception after
-    another task was killed, or after a hardware fault, is not one."""
+    another task was killed, or after a hardware fault, is not one. Raised only once the job
+    has kept running ``settle`` after the first such line (one that exits at once is a
+    crash, judged with these lines); advice only, never a stop or a requeue."""
     if job.state != "RUNNING":
         return None
     judged = judge_job_log(evidence, job, since=job.start_time - START_SLACK)
@@ -160,6 +212,8 @@ def _app_fault(job: Job, evidence: Sequence[Evidence]) -> Incident | None:
     first = min(
         (ev for ev in evidence if ev.id in judged.evidence_ids), key=lambda ev: ev.observed_at
     )
+    if now - first.observed_at < settle:
+        return None
     return Incident(
         job_id=job.job_id,
         restart_count=job.restart_count,
@@ -167,7 +221,7 @@ def _app_fault(job: Job, evidence: Sequence[Evidence]) -> Incident | None:
         kind=IncidentKind.APP_FAULT,
         failed_at=first.observed_at,
         trigger_ids=tuple(sorted(judged.evidence_ids)),
-        summary=f"job {job.job_id} running on {_nodes(job)}: application reported {root}",
+        summary=f"job {job.job_id} still running on {_nodes(job)}: application reported {root}",
     )
 
 

@@ -393,6 +393,10 @@ def hang_incidents(
         if recorded is not None:
             summary += f"; {recorded[0]}"
             ids = tuple(sorted({*ids, *recorded[1]}))
+        logged = log_words(evidence, job)
+        if logged is not None:
+            summary += f"; {logged[0]}"
+            ids = tuple(sorted({*ids, *logged[1]}))
         found.append(
             Incident(
                 job_id,
@@ -405,6 +409,19 @@ def hang_incidents(
             )
         )
     return found
+
+
+def log_words(evidence: Sequence[Evidence], job: Job) -> tuple[str, list[int]] | None:
+    """What the attempt's log lines say went wrong (the root, as ``explain-log`` finds it),
+    with their evidence ids; None without any. A log line explains a hang past its deadline
+    (attribution weighs the same lines); it never makes a running job hung."""
+    from slurm_recovery.decide.joblogs import judge_job_log  # joblogs imports this module
+
+    judged = judge_job_log(evidence, job, since=float(job.start_time) - START_SLACK)
+    if judged is None or not judged.evidence_ids:
+        return None
+    cause = " ".join(judged.verdict.cause.split())
+    return f"log: {cause[:117] + '...' if len(cause) > 120 else cause}", sorted(judged.evidence_ids)
 
 
 def flight_recorder_words(evidence: Iterable[Evidence], job: Job) -> tuple[str, list[int]] | None:

@@ -130,6 +130,8 @@ class Advice:
     reason: str
     rule: str
     exclude: frozenset[str] = frozenset()
+    #: the tool's own earlier exclusions of nodes back in service: dropped from this attempt
+    unexclude: frozenset[str] = frozenset()
     drain: frozenset[str] = frozenset()
     needs_operator: bool = False
     verdict: Verdict | None = None

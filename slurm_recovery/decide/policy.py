@@ -130,6 +130,9 @@ class Policy:
     max_restarts: int = 3
     max_excluded_nodes: int = 2
     do_not_requeue_exit_codes: frozenset[int] = frozenset({93})
+    #: an interactive (srun/salloc) job that needs a restart, which Slurm cannot requeue:
+    #: "leave" it to end on its own, or "cancel" it
+    interactive_jobs: str = "leave"
     classes: Mapping[FaultClass, ClassPolicy] = field(default_factory=_default_classes)
     blast_radius: BlastRadius = field(default_factory=BlastRadius)
     fatal_evidence_window: EvidenceWindow = field(default_factory=EvidenceWindow)
@@ -198,6 +201,15 @@ KEYS: tuple[Key, ...] = (
         [93],
         "A job that exits with one of these codes is never restarted (93 is NVIDIA "
         "Resiliency Extension's 'do not requeue').",
+    ),
+    Key(
+        "interactive_jobs",
+        "one of leave, cancel",
+        "leave",
+        "An interactive job (srun or salloc, not sbatch) that a fault would restart: Slurm "
+        "cannot requeue it. leave: its nodes are still drained as advised and it gets the "
+        "advice, but it runs on until it ends on its own. cancel: it is cancelled, the reason "
+        "in its AdminComment.",
     ),
     Key(
         "partitions.NAME.mode",
@@ -371,7 +383,13 @@ KEYS: tuple[Key, ...] = (
     ),
 )
 
-_TOP_LEVEL = ("mode", "max_restarts", "max_excluded_nodes", "do_not_requeue_exit_codes")
+_TOP_LEVEL = (
+    "mode",
+    "max_restarts",
+    "max_excluded_nodes",
+    "do_not_requeue_exit_codes",
+    "interactive_jobs",
+)
 _SECTIONS = ("partitions", "classes", "blast_radius", "fatal_evidence_window", "hang", "straggler")
 _NODE_CLASS_KEYS = ("action", "drain", "drain_min_confidence")
 _CLASS_KEYS = {
@@ -506,6 +524,7 @@ _VALIDATORS: Mapping[str, Validator] = MappingProxyType(
         "max_restarts": _count,
         "max_excluded_nodes": _count,
         "do_not_requeue_exit_codes": _exit_codes,
+        "interactive_jobs": _choice("leave", "cancel"),
         "action": _action,
         "drain": _bool,
         "drain_min_confidence": _bounded_number(0.0, 1.0),
@@ -649,6 +668,7 @@ def policy_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Policy:
         do_not_requeue_exit_codes=top.get(
             "do_not_requeue_exit_codes", Policy.do_not_requeue_exit_codes
         ),
+        interactive_jobs=top.get("interactive_jobs", Policy.interactive_jobs),
         classes=MappingProxyType(classes),
         blast_radius=BlastRadius(**sections["blast_radius"]),
         fatal_evidence_window=EvidenceWindow(**sections["fatal_evidence_window"]),

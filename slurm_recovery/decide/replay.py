@@ -15,6 +15,15 @@ What cannot be recorded exactly is reconstructed, and the case says so (``approx
 - the nodes are Slurm's nodes as the controller last saw them, their DRAIN flags and reasons
   wound back to the advice's time with what the controller observed (``slurm_change``) and the
   tool's own drains; without any view of Slurm, a minimal view of the job's nodes;
+- the restarts the tool had made are those the controller counted, when recorded with the
+  advice (``restarts``); older advice falls back to the incidents closed ``restarted`` by then.
+
+The evidence is seen as the loop saw it: the node evidence the node had cleared by the failure
+(``decide.cleared``) and what was said about a node before Slurm showed it resumed (the
+controller's ``slurm_change`` evidence, passed in) are set aside by :func:`attribute` itself, and
+the job's own settings (``--recovery-max-restarts``, ``--recovery=monitor`` in its
+``job_start``) shape the policy, as in the loop.
+
 - a straggler's verdict does not depend on the policy (``attribute`` takes it from what the
   detector found, which is not recorded): the verdict on record is advised again.
 """
@@ -30,6 +39,7 @@ from typing import Any
 from slurm_recovery.decide.advise import advise
 from slurm_recovery.decide.attribute import attribute
 from slurm_recovery.decide.catalogue import XidCatalogue
+from slurm_recovery.decide.jobsettings import job_settings, policy_for_job
 from slurm_recovery.decide.model import (
     Advice,
     ClusterView,
@@ -127,7 +137,15 @@ def replay_case(case: Case, policy: Policy, catalogue: XidCatalogue) -> Outcome:
         verdict = attribute(
             case.incident, case.job, case.evidence, catalogue, policy, case.view.nodes
         )
-    new = advise(case.incident, verdict, case.job, policy, case.view, case.restarts_before)
+    own = job_settings(case.evidence).get(case.job.job_id)
+    new = advise(
+        case.incident,
+        verdict,
+        case.job,
+        policy_for_job(policy, own),
+        case.view,
+        case.restarts_before,
+    )
     now = recorded_of(new)
     changed = tuple(name for name in FIELDS if now.value(name) != case.recorded.value(name))
     return Outcome(case, new, changed)
@@ -317,13 +335,29 @@ def case_from_json(
     nodes_now: Mapping[str, Node] | None,
     events: Sequence[NodeEvent] = (),
     tool_drains: Sequence[tuple[str, float]] = (),
+    slurm_changes: Sequence[Evidence] = (),
 ) -> Case | None:
     """A :class:`Case` from one incident of ``GET /v1/history/incidents?evidence=1``; None for
-    an incident without advice (nothing to compare with)."""
+    an incident without advice (nothing to compare with). ``slurm_changes``: the controller's
+    ``slurm_change`` evidence (``/v1/history/slurm``); the changes of the case's nodes that it
+    could see when it advised join the case's evidence, as they joined the loop's."""
     advice = item.get("advice")
     if not advice:
         return None
     evidence = evidence_from_json(item.get("evidence") or ())
+    decided = _time(advice.get("created_at")) or _time(item.get("detected_at")) or 0.0
+    have = {ev.id for ev in evidence}
+    snapshot = advice.get("job") if isinstance(advice.get("job"), Mapping) else {}
+    about = (
+        {ev.node for ev in evidence if ev.node}
+        | set((advice.get("verdict") or {}).get("nodes") or ())
+        | set(snapshot.get("nodes") or ())
+    )
+    evidence += [
+        ev
+        for ev in slurm_changes
+        if ev.node in about and ev.id not in have and ev.observed_at <= decided
+    ]
     job, guessed = job_from_record(item, evidence)
     approximate = list(guessed)
     try:
@@ -368,12 +402,21 @@ def case_from_json(
         incident=incident,
         job=job,
         evidence=tuple(evidence),
-        restarts_before=int(item.get("restarts_before") or 0),
+        restarts_before=_restarts(advice, item),
         view=view,
         recorded=_recorded(advice),
         recorded_verdict=recorded_verdict,
         approximate=tuple(approximate),
     )
+
+
+def _restarts(advice: Mapping[str, Any], item: Mapping[str, Any]) -> int:
+    """The restarts the controller counted when it advised (kept with the advice), else the
+    incidents closed ``restarted`` by then (which misses a restart not yet closed)."""
+    counted = advice.get("restarts")
+    if type(counted) is int and counted >= 0:
+        return counted
+    return int(item.get("restarts_before") or 0)
 
 
 def events_from_json(

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from slurm_recovery.holdmark import CANCEL_NOTE, CommentFull, parse_hold_mark, with_mark, with_note
 
 #: Job states in which the job still holds or waits for resources.
 #: Slurm reports some flags (REQUEUE_HOLD, SPECIAL_EXIT, ...) as the job's state.
@@ -53,8 +55,9 @@ def sanitize_reason(reason: str) -> str:
 
 
 def admin_comment_for(reason: str) -> str:
-    """The AdminComment recorded on a job we cancel, so admins see who did it and why."""
-    return sanitize_reason(f"slurm-recovery: {reason}")
+    """The tool's note on a job we cancel, so admins see who did it and why (put beside the
+    site's own AdminComment text: :mod:`slurm_recovery.holdmark`)."""
+    return sanitize_reason(f"{CANCEL_NOTE}{reason}")
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,24 @@ class Job:
     state_flags: frozenset[str] = frozenset()  # 23.02+: every flag beside the base state
     stderr_path: str | None = None
     array_job_id: int = 0  # an array task: its array's id (0 when not in an array)
-    array_task_id: int | None = None
+    array_task_id: int | None = None  # None in an array's pending record (``17_[4-9]``)
+    batch: bool = True  # False for srun/salloc jobs: Slurm refuses to requeue them
+    #: node -> the GPU indices (GRES ``IDX``) the job holds there; a node where it holds none
+    #: is absent. None: Slurm did not say (no GRES detail, ``IDX:N/A``, MPS/shard sharing).
+    gpus: Mapping[str, frozenset[int]] | None = field(default=None, hash=False)
+
+    @property
+    def pending_array_record(self) -> bool:
+        """The record of an array's tasks not started yet: not one job, so never acted on."""
+        return bool(self.array_job_id) and self.array_task_id is None
+
+    @property
+    def slurm_address(self) -> str:
+        """How Slurm's commands name exactly this job: ``<array>_<task>`` for an array task,
+        whose own id may equal the array's id, which names every task of the array."""
+        if self.array_job_id and self.array_task_id is not None:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return str(self.job_id)
 
     @property
     def active(self) -> bool:
@@ -115,11 +135,20 @@ class Node:
     hostname: str = ""  # NodeHostname
     reason_set_by: str = ""  # the user who set ``reason``
     reason_changed_at: int = 0
+    gpus: int = 0  # GPU GRES configured on the node (``Gres=gpu:8``); 0: none, or not known
 
     @property
     def drained(self) -> bool:
         """True while the node takes no new work (DRAIN set, whether DRAINING or DRAINED)."""
         return "DRAIN" in self.flags
+
+
+def slurm_time(at: float) -> str:
+    """``at`` (epoch seconds) as Slurm's time arguments take it: local time, whole seconds
+    rounded up (a begin time is "not before")."""
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(math.ceil(at)))
 
 
 def earliest_restart(requeued_at: float) -> float:
@@ -128,7 +157,8 @@ def earliest_restart(requeued_at: float) -> float:
     A requeue revokes the job's credential on its nodes at the requeue's whole second, and
     slurmd refuses a credential created in that same second ("Killing non-startable batch
     JobId=N: Job credential revoked"; seen on 22.05 with a release 0.15 s after the requeue).
-    Plain Slurm hides this behind its ~121 s requeue delay; we wait for the next second.
+    Plain Slurm hides this behind its ~121 s requeue delay; the tool sets the begin time to the
+    next second and releases at once, so its own hold lasts only while it sets exclusions.
     """
     return math.floor(requeued_at) + 1.0
 
@@ -207,25 +237,31 @@ class Scheduler(Protocol):
         """Stop a running job and put it back to pending, held (so we can edit it)."""
         ...
 
-    def add_excluded_nodes(self, job_id: int, nodes: Iterable[str]) -> frozenset[str]:
-        """Merge ``nodes`` into the pending job's exclusions; returns the new whole set.
+    def add_excluded_nodes(
+        self, job_id: int, nodes: Iterable[str], drop: Iterable[str] = ()
+    ) -> frozenset[str]:
+        """Merge ``nodes`` into the pending job's exclusions, less ``drop`` (the tool's own
+        earlier exclusions of nodes repaired since); returns the new whole set.
 
         Slurm *replaces* ExcNodeList on update, so backends read, merge, then write.
         """
         ...
 
-    def set_begin_now(self, job_id: int) -> None:
-        """Clear the ~121 s BeginTime Slurm sets on requeue, so release starts it at once."""
+    def set_begin_now(self, job_id: int, at: float | None = None) -> None:
+        """Replace the ~121 s BeginTime Slurm sets on requeue by now (or ``at``, epoch
+        seconds: the first second the job may start again), so release starts it then."""
         ...
 
     def release(self, job_id: int) -> None: ...
 
     def cancel(self, job_id: int, reason: str) -> None:
-        """Cancel the job, recording ``reason`` in its AdminComment first (visible to admins)."""
+        """Cancel the job, recording ``reason`` in its AdminComment first (visible to admins),
+        beside the site's own text."""
         ...
 
     def set_admin_comment(self, job_id: int, text: str) -> None:
-        """Replace the job's AdminComment (one line, sanitized): the tool's marks and notes."""
+        """Replace the tool's part of the job's AdminComment by ``text`` (its hold mark or a
+        note), keeping the site's own text (:mod:`slurm_recovery.holdmark`)."""
         ...
 
     def drain_node(self, name: str, reason: str) -> None:
@@ -248,10 +284,36 @@ class SchedulerSteps:
     def get_node(self, name: str) -> Node:
         raise NotImplementedError
 
+    def _remember(self, jobs: Iterable[Job]) -> None:
+        """Keep each job's Slurm address from a read (``list_jobs``, ``get_job``), so a write
+        names exactly that job (``None``: an array's pending record, never written to)."""
+        addresses: dict[int, str | None] = vars(self).setdefault("_job_addresses", {})
+        for job in jobs:
+            addresses[job.job_id] = None if job.pending_array_record else job.slurm_address
+
+    def address(self, job_id: int) -> str:
+        """The name every job-targeted write uses for ``job_id`` (:attr:`Job.slurm_address`).
+
+        A bare array id names every task of the array in Slurm's commands, so an id not read
+        yet is read first rather than sent bare. Raises :class:`UnknownJob`, or
+        :class:`InvalidRequest` for an array's pending record (tasks not started yet).
+        """
+        addresses: dict[int, str | None] = vars(self).setdefault("_job_addresses", {})
+        if addresses.get(job_id) is None:
+            self._remember([self.get_job(job_id)])  # unknown, or a pending record that may
+            # since have become its last task (Slurm gives the last task the array's id)
+        found = addresses.get(job_id)
+        if found is None:
+            raise InvalidRequest(
+                f"job {job_id} is the pending record of array {job_id} (tasks not started "
+                "yet), not one job: a step on it would reach every task; nothing done"
+            )
+        return found
+
     def _write_excluded_nodes(self, job_id: int, expr: str) -> None:
         raise NotImplementedError
 
-    def _write_begin_now(self, job_id: int) -> None:
+    def _write_begin_now(self, job_id: int, at: float | None) -> None:
         raise NotImplementedError
 
     def _write_admin_comment(self, job_id: int, comment: str) -> None:
@@ -263,11 +325,14 @@ class SchedulerSteps:
     def _write_node_state(self, name: str, state: str, reason: str | None) -> None:
         raise NotImplementedError
 
-    def add_excluded_nodes(self, job_id: int, nodes: Iterable[str]) -> frozenset[str]:
+    def add_excluded_nodes(
+        self, job_id: int, nodes: Iterable[str], drop: Iterable[str] = ()
+    ) -> frozenset[str]:
         from slurm_recovery.hostlist import compress, expand
 
         job = self.get_job(job_id)
-        wanted = job.excluded_nodes.union(*(expand(n) for n in nodes))
+        dropped = frozenset().union(*(expand(n) for n in drop))
+        wanted = (job.excluded_nodes - dropped).union(*(expand(n) for n in nodes))
         if wanted == job.excluded_nodes:
             return wanted  # already there: nothing to write, so nothing to refuse
         if job.state != "PENDING":
@@ -283,7 +348,7 @@ class SchedulerSteps:
             )
         return shown
 
-    def set_begin_now(self, job_id: int) -> None:
+    def set_begin_now(self, job_id: int, at: float | None = None) -> None:
         import time
 
         job = self.get_job(job_id)
@@ -291,17 +356,25 @@ class SchedulerSteps:
             # Slurm sets the requeue BeginTime when the job leaves COMPLETING; an earlier
             # update is silently overwritten, so refuse rather than pretend.
             raise InvalidRequest(f"job {job_id} is {job.state}: begin time applies to pending")
-        self._write_begin_now(job_id)
+        self._write_begin_now(job_id, at)
         begin = self.get_job(job_id).begin_time
-        if begin > time.time() + 2:
+        if begin > max(time.time(), at or 0) + 2:
             raise SchedulerError(f"job {job_id}: begin time still {begin} after setting it now")
 
     def cancel(self, job_id: int, reason: str) -> None:
-        self._write_admin_comment(job_id, admin_comment_for(reason))
+        self.set_admin_comment(job_id, admin_comment_for(reason))
         self._signal_cancel(job_id)
 
     def set_admin_comment(self, job_id: int, text: str) -> None:
-        self._write_admin_comment(job_id, sanitize_reason(text))
+        # Read just before writing: the site's text is whatever Slurm holds now.
+        current = self.get_job(job_id).admin_comment
+        mark = parse_hold_mark(text)
+        try:
+            comment = with_mark(current, *mark) if mark else with_note(current, text)
+        except CommentFull as exc:
+            raise InvalidRequest(f"job {job_id}: {exc}") from None
+        if comment != current:
+            self._write_admin_comment(job_id, comment)
 
     def drain_node(self, name: str, reason: str) -> None:
         self._write_node_state(name, "DRAIN", sanitize_reason(reason))

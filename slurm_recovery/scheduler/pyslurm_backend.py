@@ -25,12 +25,14 @@ from typing import Any
 from slurm_recovery.hostlist import expand
 from slurm_recovery.scheduler.base import (
     ExitCode,
+    InvalidRequest,
     Job,
     Node,
     SchedulerError,
     SchedulerSteps,
     UnknownJob,
     UnknownNode,
+    slurm_time,
 )
 from slurm_recovery.scheduler.errors import slurm_error
 
@@ -108,6 +110,9 @@ def job_from_pyslurm(job: Any) -> Job:
         admin_comment=_str(job.admin_comment),
         requeueable=job.is_requeueable is not False,  # job.pyx: is_requeueable (u16 bool)
         required_nodes=frozenset(expand(job.required_nodes)),  # job.pyx: required_nodes
+        array_job_id=_int(job.array_id),  # job.pyx: array_id, array_task_id (None if unset)
+        array_task_id=job.array_task_id if _int(job.array_id) else None,
+        batch=job.is_batch_job is not False,  # job.pyx: is_batch_job (batch_flag)
     )
 
 
@@ -171,7 +176,9 @@ class PyslurmScheduler(SchedulerSteps):
 
     def list_jobs(self) -> list[Job]:
         jobs = self._call("list jobs", "pyslurm.Jobs.load()", self._ps.Jobs.load)
-        return sorted((job_from_pyslurm(j) for j in jobs.values()), key=lambda j: j.job_id)
+        found = sorted((job_from_pyslurm(j) for j in jobs.values()), key=lambda j: j.job_id)
+        self._remember(found)
+        return found
 
     def _load_job(self, job_id: int) -> Any:
         return self._call(
@@ -181,7 +188,32 @@ class PyslurmScheduler(SchedulerSteps):
         )
 
     def get_job(self, job_id: int) -> Job:
-        return job_from_pyslurm(self._load_job(job_id))
+        job = job_from_pyslurm(self._load_job(job_id))
+        if job.job_id != job_id:
+            # Job.load takes the first record Slurm sends; for an array's id Slurm sends
+            # every task, so pick the one whose own id this is from the whole listing.
+            job = next((j for j in self.list_jobs() if j.job_id == job_id), None)
+            if job is None:
+                raise UnknownJob(f"job {job_id} not found", command=f"pyslurm.Job.load({job_id})")
+        self._remember([job])
+        return job
+
+    def _target(self, job_id: int) -> int:
+        """The number a pyslurm write sends for ``job_id``.
+
+        pyslurm names jobs by number only, and Slurm reads a number that is an array's id
+        as every task of that array. An array task is sent as its own id when that differs
+        from the array's; the task that carries the array's own id is refused, not sent.
+        """
+        address = self.address(job_id)
+        array_id, _, task = address.partition("_")
+        if task and int(array_id) == job_id:
+            raise InvalidRequest(
+                f"job {job_id} is array task {address}, whose id is also the array's: pyslurm "
+                "can name it only by that number, which Slurm applies to every task; "
+                "nothing done (the scontrol backend names it exactly)"
+            )
+        return job_id
 
     def list_nodes(self) -> list[Node]:
         nodes = self._call("list nodes", "pyslurm.Nodes.load()", self._ps.Nodes.load)
@@ -196,6 +228,7 @@ class PyslurmScheduler(SchedulerSteps):
         return node_from_pyslurm(node)
 
     def requeue_hold(self, job_id: int) -> None:
+        job_id = self._target(job_id)
         self._call(
             f"requeue job {job_id} held",
             f"pyslurm.Job({job_id}).requeue(hold=True)",
@@ -203,6 +236,7 @@ class PyslurmScheduler(SchedulerSteps):
         )
 
     def _modify_job(self, job_id: int, action: str, **changes: Any) -> None:
+        job_id = self._target(job_id)
         shown = ", ".join(f"{k}={v!r}" for k, v in changes.items())
         self._call(
             action,
@@ -213,12 +247,14 @@ class PyslurmScheduler(SchedulerSteps):
     def _write_excluded_nodes(self, job_id: int, expr: str) -> None:
         self._modify_job(job_id, f"exclude nodes from job {job_id}", excluded_nodes=expr)
 
-    def _write_begin_now(self, job_id: int) -> None:
+    def _write_begin_now(self, job_id: int, at: float | None) -> None:
         # pyslurm passes a begin_time string to slurm_parse_time, as scontrol does for
         # StartTime=now; slurmctld moves a time in the past up to its own "now".
-        self._modify_job(job_id, f"set begin time of job {job_id} to now", begin_time="now")
+        when = "now" if at is None else slurm_time(at)
+        self._modify_job(job_id, f"set begin time of job {job_id} to {when}", begin_time=when)
 
     def release(self, job_id: int) -> None:
+        job_id = self._target(job_id)
         self._call(
             f"release job {job_id}",
             f"pyslurm.Job({job_id}).release()",
@@ -229,6 +265,7 @@ class PyslurmScheduler(SchedulerSteps):
         self._modify_job(job_id, f"record cancel reason on job {job_id}", admin_comment=comment)
 
     def _signal_cancel(self, job_id: int) -> None:
+        job_id = self._target(job_id)
         self._call(
             f"cancel job {job_id}",
             f"pyslurm.Job({job_id}).cancel()",

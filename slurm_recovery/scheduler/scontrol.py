@@ -26,6 +26,7 @@ from slurm_recovery.scheduler.base import (
     UnknownNode,
     Unreachable,
     UnsupportedOutput,
+    slurm_time,
 )
 from slurm_recovery.scheduler.errors import slurm_error
 from slurm_recovery.scheduler.slurmjson import jobs_from_json, nodes_from_json
@@ -165,14 +166,20 @@ class ScontrolScheduler(SchedulerSteps):
         # --states=all: from 24.05 --json shows only active jobs otherwise, and a FAILED job
         # (what crash detection looks for) would never be seen
         argv = ["squeue", "--all", "--states=all", "--json"]
-        return jobs_from_json(self._document(argv), " ".join(argv))
+        jobs = jobs_from_json(self._document(argv), " ".join(argv))
+        self._remember(jobs)
+        return jobs
 
     def get_job(self, job_id: int) -> Job:
         if self.client_release() >= (23, 2):
             argv = ["scontrol", "show", "job", str(job_id), "--json"]
         else:  # 22.05: squeue --json ignores job filters, and scontrol has no --json
             argv = ["squeue", "--all", "--json", f"--jobs={job_id}"]
-        for job in jobs_from_json(self._document(argv), " ".join(argv)):
+        # An array's id lists every task (and the pending record): take the one whose own
+        # id this is, never another task.
+        jobs = jobs_from_json(self._document(argv), " ".join(argv))
+        self._remember(jobs)
+        for job in jobs:
             if job.job_id == job_id:
                 return job
         raise self._missing(UnknownJob, ["scontrol", "show", "job", str(job_id)], f"job {job_id}")
@@ -207,25 +214,28 @@ class ScontrolScheduler(SchedulerSteps):
             return cls(f"{what} not found", slurm_message=exc.slurm_message, command=exc.command)
         return cls(f"{what} not found in the listing (it appeared just now: retry)")
 
-    # --- steps -------------------------------------------------------------------------
+    # --- steps: each names its job by :meth:`address` (``17_3``, never a bare array id) ---
 
     def requeue_hold(self, job_id: int) -> None:
-        self._run(["scontrol", "requeuehold", str(job_id)])
+        self._run(["scontrol", "requeuehold", self.address(job_id)])
 
     def _write_excluded_nodes(self, job_id: int, expr: str) -> None:
-        self._run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={expr}"])
+        self._run(["scontrol", "update", f"JobId={self.address(job_id)}", f"ExcNodeList={expr}"])
 
-    def _write_begin_now(self, job_id: int) -> None:
-        self._run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    def _write_begin_now(self, job_id: int, at: float | None) -> None:
+        when = "now" if at is None else slurm_time(at)
+        self._run(["scontrol", "update", f"JobId={self.address(job_id)}", f"StartTime={when}"])
 
     def release(self, job_id: int) -> None:
-        self._run(["scontrol", "release", str(job_id)])
+        self._run(["scontrol", "release", self.address(job_id)])
 
     def _write_admin_comment(self, job_id: int, comment: str) -> None:
-        self._run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={comment}"])
+        self._run(
+            ["scontrol", "update", f"JobId={self.address(job_id)}", f"AdminComment={comment}"]
+        )
 
     def _signal_cancel(self, job_id: int) -> None:
-        self._run(["scancel", str(job_id)])
+        self._run(["scancel", self.address(job_id)])
 
     def _write_node_state(self, name: str, state: str, reason: str | None) -> None:
         argv = ["scontrol", "update", f"NodeName={name}", f"State={state}"]

@@ -13,6 +13,9 @@ One parser for every release from 22.05 to 25.11. The shapes moved between relea
 - 23.11 and later (v0.0.40+): ``job_state`` a list too; ``exit_code`` is ``{"status",
   "return_code", "signal"}``.
 - 24.05 and later: ``squeue --json`` prints only active jobs unless asked ``--states=all``.
+- Every release: a job's GPUs are ``gres_detail``, one string per allocated node in node order
+  (``["gpu:2(IDX:0-1)", "gpu:1(IDX:0)"]``, ``[]`` without GRES; recorded on 22.05 and 24.11);
+  a node's are ``gres`` (``"gpu:8"``, ``""``). Read into ``Job.gpus`` and ``Node.gpus``.
 
 tests/fixtures/slurm/ holds real output of 22.05 and 24.11 and SchedMD's shapes of 23.02,
 23.11, 24.05 and 25.05 (each directory's README cites the source file and tag).
@@ -247,6 +250,8 @@ def job_from_json(data: Mapping[str, Any], *, slurm: str = "unknown", where: str
         required_nodes=frozenset(r.hosts("required_nodes")),
         array_job_id=array_job_id,
         array_task_id=array_task_id,
+        batch=r.flag("batch_flag", True),  # every release 22.05-25.11 prints it: required
+        gpus=job_gpus(nodes, r.get("gres_detail", required=False), r),
     )
 
 
@@ -271,7 +276,95 @@ def node_from_json(data: Mapping[str, Any], *, slurm: str = "unknown", where: st
         hostname=r.text("hostname"),
         reason_set_by=r.text("reason_set_by_user", required=False),
         reason_changed_at=r.number("reason_changed_at", required=False) or 0,
+        gpus=gpu_count(r.text("gres", required=False)),
     )
+
+
+#: GRES that share a GPU between jobs: the job's GPU is not in its ``gpu`` IDX.
+_SHARED_GPU_GRES = frozenset({"mps", "shard"})
+
+
+def _gres_items(text: str) -> list[str]:
+    """``"gpu:a:1(IDX:0,2),mps:50"`` -> its items; commas inside parentheses stay."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def _index_list(text: str) -> frozenset[int] | None:
+    """``"0-1,3"`` -> {0, 1, 3}; None for ``N/A`` or anything else."""
+    found: set[int] = set()
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            return None
+        found.update(range(int(low), int(high if dash else low) + 1))
+    return frozenset(found)
+
+
+def gpu_indices(detail: str) -> frozenset[int] | None:
+    """The GPU indices in one node's GRES detail (``"gpu:2(IDX:0-1)"``, ``"gpu:a100:1(IDX:0),
+    gpu:v100:1(IDX:4)"``; ``""``: none). None when Slurm does not say which (``IDX:N/A``), a
+    GPU is shared (``mps``, ``shard``), or the text is not one we know."""
+    indices: set[int] = set()
+    for item in _gres_items(detail):
+        name, _, rest = item.partition(":")
+        name = name.split("(", 1)[0]
+        if name in _SHARED_GPU_GRES:
+            return None
+        if name != "gpu":
+            continue
+        count = rest.split("(", 1)[0].rsplit(":", 1)[-1]
+        if count == "0":
+            continue
+        if "(IDX:" not in item or not item.endswith(")"):
+            return None
+        found = _index_list(item.split("(IDX:", 1)[1][:-1])
+        if found is None:
+            return None
+        indices |= found
+    return frozenset(indices)
+
+
+def job_gpus(nodes: tuple[str, ...], detail: Any, r: _Record) -> dict[str, frozenset[int]] | None:
+    """node -> GPU indices from ``gres_detail`` (one string per allocated node, in node
+    order; ``[]`` for a job without GRES). None when Slurm does not say (absent, or not one
+    string per node: then every GPU of the job's nodes may be its)."""
+    if detail is None:
+        return None
+    if not isinstance(detail, list) or not all(isinstance(d, str | None) for d in detail):
+        raise r._bad("gres_detail", detail, "a list of strings")
+    if not detail:
+        return {}
+    if len(detail) != len(nodes):
+        return None
+    held: dict[str, frozenset[int]] = {}
+    for node, text in zip(nodes, detail, strict=True):
+        indices = gpu_indices(text or "")
+        if indices is None:
+            return None
+        if indices:
+            held[node] = indices
+    return held
+
+
+def gpu_count(gres: str) -> int:
+    """GPUs configured on a node from its ``gres`` (``"gpu:8"``, ``"gpu:h100:4(S:0-1),
+    gpu:a100:4(S:1)"``, ``""``); 0 when none or not readable."""
+    total = 0
+    for item in _gres_items(gres):
+        fields = item.split("(", 1)[0].split(":")
+        if fields[0] != "gpu":
+            continue
+        if len(fields) < 2 or not fields[-1].isdigit():
+            return 0
+        total += int(fields[-1])
+    return total
 
 
 def _records(doc: Any, key: str, command: str, parse: Callable[..., Any]) -> list[Any]:

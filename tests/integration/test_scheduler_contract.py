@@ -132,7 +132,7 @@ def test_cancel_records_the_reason(scheduler: Scheduler, submit):
     scheduler.cancel(job_id, "application fault: CUDA illegal memory access on rank 3")
     job = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "CANCELLED" and j)
     assert job.admin_comment == (
-        "slurm-recovery: application fault: CUDA illegal memory access on rank 3"
+        "[srecovery: cancelled: application fault: CUDA illegal memory access on rank 3]"
     )
     with pytest.raises(InvalidRequest) as refused:
         scheduler.release(job_id)
@@ -146,7 +146,7 @@ def test_admin_comment_survives_requeue(scheduler: Scheduler, submit):
     scheduler.set_admin_comment(job_id, "srecovery:held:7:1795960000\nsecond line")
     scheduler.requeue_hold(job_id)
     held = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "PENDING" and j)
-    assert held.admin_comment == "srecovery:held:7:1795960000 second line"
+    assert held.admin_comment == "[srecovery:held:7:1795960000 second line]"
     scheduler.release(job_id)
 
 
@@ -204,3 +204,59 @@ def test_slurmctld_down_is_unreachable_within_the_timeout(scheduler: Scheduler, 
     finally:
         localcluster.up(local_cluster, keep_state=True)
     assert len(scheduler.list_nodes()) == NODES
+
+
+# --- job arrays: a step names exactly one task (issue 16, item 1) --------------------------
+
+
+def _running_tasks(scheduler: Scheduler, array_id: int, count: int):
+    tasks = [j for j in scheduler.list_jobs() if j.array_job_id == array_id]
+    running_now = [t for t in tasks if t.state == "RUNNING" and t.array_task_id is not None]
+    return running_now if len(running_now) == count else None
+
+
+def test_steps_on_an_array_task_touch_only_that_task(scheduler: Scheduler, submit):
+    array_id = submit("--array=0-1", "-N1", "--exclusive", "--wrap=sleep 600")
+    tasks = wait_for(lambda: _running_tasks(scheduler, array_id, 2))
+    # Slurm gives the last task it starts the array's own id: `17` names every task
+    (task,) = [t for t in tasks if t.job_id == array_id]
+    (other,) = [t for t in tasks if t.job_id != array_id]
+    shown = scheduler.get_job(array_id)  # the task with that own id, never another task
+    assert (shown.job_id, shown.array_task_id) == (array_id, task.array_task_id)
+    assert shown.slurm_address == f"{array_id}_{task.array_task_id}"
+    if scheduler.name == "pyslurm":  # it can send only the number, which means every task
+        with pytest.raises(InvalidRequest, match=shown.slurm_address):
+            scheduler.requeue_hold(array_id)
+        return
+    bad = task.nodes[0]
+    # a scheduler that has not read the job yet reads it before the first write
+    fresh = ScontrolScheduler(timeout=TIMEOUT, slurm_conf=scheduler.env["SLURM_CONF"])
+    fresh.set_admin_comment(array_id, "srecovery:held:7:1795960000")
+    fresh.requeue_hold(array_id)
+    wait_for(lambda: scheduler.get_job(array_id).state == "PENDING")
+    scheduler.add_excluded_nodes(array_id, [bad])
+    scheduler.set_begin_now(array_id)
+    scheduler.release(array_id)
+    moved = scheduler.get_job(array_id)
+    assert moved.restart_count == 1 and bad in moved.excluded_nodes
+    scheduler.cancel(array_id, "contract test")
+    wait_for(lambda: not scheduler.get_job(array_id).active)
+    after = scheduler.get_job(other.job_id)
+    assert after.state == "RUNNING" and after.restart_count == 0 and not after.held
+    assert after.excluded_nodes == frozenset() and after.admin_comment == other.admin_comment
+    assert after.begin_time == other.begin_time
+
+
+def test_an_arrays_pending_record_is_never_acted_on(scheduler: Scheduler, submit):
+    array_id = submit("--array=0-3%1", "-N1", "--wrap=sleep 600")
+    (first,) = wait_for(lambda: _running_tasks(scheduler, array_id, 1))
+    record = scheduler.get_job(array_id)  # `17_[1-3%1]`: tasks not started yet
+    assert record.pending_array_record and record.job_id != first.job_id
+    for step in (scheduler.requeue_hold, scheduler.release, scheduler.set_begin_now):
+        with pytest.raises(InvalidRequest, match="pending record"):
+            step(array_id)
+    with pytest.raises(InvalidRequest, match="pending record"):
+        scheduler.cancel(array_id, "contract test")
+    after = scheduler.get_job(first.job_id)
+    assert after.state == "RUNNING" and after.restart_count == 0
+    assert scheduler.get_job(array_id).state == "PENDING"

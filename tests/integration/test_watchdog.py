@@ -117,7 +117,7 @@ def test_a_job_held_past_its_deadline_runs_again_at_once(scheduler, submit, slur
     }
 
     # The mark is replaced by a note admins read in `scontrol show job`.
-    assert again.admin_comment == released_note(released[0])
+    assert again.admin_comment == f"[{released_note(released[0])}]"
     # Running, not held: the next sweep leaves it alone (level-triggered).
     assert sweep(scheduler, now=time.time(), spool=tmp_path) == []
     # Someone else holds it again later: not ours, it stays held. Even with our old mark

@@ -71,8 +71,24 @@ def crash(kind: IncidentKind = IncidentKind.CRASH) -> Incident:
     return Incident(42, 0, 900, kind, NOW - 10)
 
 
-def decide(verdict, the_job=None, policy=WIDE, view=None, restarts=0, kind=IncidentKind.CRASH):
-    return advise(crash(kind), verdict, the_job or job(), policy, view or cluster(), restarts)
+def decide(
+    verdict,
+    the_job=None,
+    policy=WIDE,
+    view=None,
+    restarts=0,
+    kind=IncidentKind.CRASH,
+    tool_excluded=frozenset(),
+):
+    return advise(
+        crash(kind),
+        verdict,
+        the_job or job(),
+        policy,
+        view or cluster(),
+        restarts,
+        tool_excluded=frozenset(tool_excluded),
+    )
 
 
 # --------------------------------------------------------------------------------- by class
@@ -195,8 +211,13 @@ def test_an_application_fault_says_so_even_past_the_restart_limit():
 
 
 def test_too_many_excluded_nodes_stops_and_asks_for_an_operator():
-    excluded = job(excluded_nodes=frozenset({"n7", "n8"}))
-    advice = decide(hardware("n2"), the_job=excluded)
+    excluded = job(excluded_nodes=frozenset({"n7", "n8"}))  # the tool's, still out of service
+    advice = decide(
+        hardware("n2"),
+        the_job=excluded,
+        tool_excluded={"n7", "n8"},
+        view=cluster(drained=("n7", "n8")),
+    )
     assert advice.action is Action.STOP
     assert advice.rule == "max_excluded_nodes"
     assert advice.needs_operator
@@ -204,6 +225,25 @@ def test_too_many_excluded_nodes_stops_and_asks_for_an_operator():
     assert "would leave the job with 3 excluded nodes (n[2,7-8]; max_excluded_nodes = 2)" in (
         advice.reason
     )
+
+
+def test_the_users_own_exclusions_never_count_toward_the_cap():
+    """``sbatch -x n1,n3``: the first fault on n2 is restarted, not stopped."""
+    excluded = job(excluded_nodes=frozenset({"n1", "n3"}))
+    advice = decide(hardware("n2"), the_job=excluded)
+    assert advice.action is Action.REQUEUE_EXCLUDE
+    assert advice.exclude == {"n2"} and advice.unexclude == frozenset()
+
+
+def test_the_tools_exclusions_of_repaired_nodes_are_dropped_and_not_counted():
+    """Fault n2, resume n2, fault n3, resume n3, fault n1: two healthy nodes were excluded
+    by the tool; they are dropped from the next attempt instead of stopping the job."""
+    excluded = job(nodes=("n1", "n4"), excluded_nodes=frozenset({"n2", "n3"}))
+    advice = decide(hardware("n1"), the_job=excluded, tool_excluded={"n2", "n3"})
+    assert advice.action is Action.REQUEUE_EXCLUDE
+    assert advice.exclude == {"n1"}
+    assert advice.unexclude == {"n2", "n3"}
+    assert "no longer excluding n[2-3]: back in service" in advice.reason
 
 
 def test_nodes_already_excluded_do_not_count_twice():

@@ -342,3 +342,18 @@ def test_evidence_from_before_an_admin_resumed_the_node_does_not_count():
     assert v.nodes == frozenset() and v.fault_class is FaultClass.UNKNOWN
     after = xid(6, 79, node="n1", at=FAILED_AT - 30)  # it broke again after the repair
     assert verdict([old_report, resumed, after]).nodes == {"n1"}
+
+
+def test_a_gpu_scoped_xid_on_another_jobs_gpu_does_not_explain_a_crash():
+    """Job 42 holds gpu3 on n2; an ECC error (XID 48, scope gpu) on n2 gpu1 is another job's,
+    a fallen-off-the-bus (79, scope node) on n2 reaches every GPU of the node."""
+    nodes = {n: Node(n, "MIXED", gpus=8) for n in ("n1", "n2", "n3")}
+    crashed = job(gpus={"n2": frozenset({3})})
+    other_gpu = attribute(incident(), crashed, [xid(1, 48, gpu=1)], CATALOGUE, POLICY, nodes)
+    assert other_gpu.fault_class is FaultClass.UNKNOWN and not other_gpu.nodes
+    own_gpu = attribute(incident(), crashed, [xid(1, 48, gpu=3)], CATALOGUE, POLICY, nodes)
+    assert own_gpu.nodes == {"n2"} and own_gpu.fault_class is FaultClass.HARDWARE
+    bus = attribute(incident(), crashed, [xid(1, 79, gpu=1)], CATALOGUE, POLICY, nodes)
+    assert bus.nodes == {"n2"}
+    unknown = attribute(incident(), job(), [xid(1, 48, gpu=1)], CATALOGUE, POLICY, nodes)
+    assert unknown.nodes == {"n2"}  # Slurm did not say which GPUs the job holds

@@ -144,6 +144,7 @@ def test_catalogue_error_is_a_value_error():
             '[[xid]]\ncode = 1\nmeaning = "n"\nclass = "hardware"\naction = "none"\nfatal = true\n',
             "listed twice",
         ),
+        (ENTRY + 'scope = "gpus"\n', "did you mean 'gpu'"),
         ("xids = 3\n", "did you mean 'xid'"),
         ("[[xid]\n", "invalid TOML"),
     ],
@@ -192,5 +193,29 @@ def test_docs_list_every_shipped_xid(shipped):
     docs = (Path(__file__).resolve().parents[2] / "docs" / "policy.md").read_text()
     for code in shipped:
         info = shipped.lookup(code)
-        row = f"| {code:<3} | {info.meaning:<47} | {info.fault_class.value:<11} |"
+        row = f"| {code:<3} | {info.meaning:<47} | {info.fault_class.value:<11} | {info.scope:<5} |"
         assert row in docs, row
+
+
+@pytest.mark.parametrize(
+    ("code", "scope"),
+    [
+        (79, "node"),
+        (74, "node"),
+        (119, "node"),
+        (120, "node"),
+        (48, "gpu"),
+        (94, "gpu"),
+        (95, "gpu"),
+        (63, "gpu"),
+        (64, "gpu"),
+    ],
+)
+def test_scope_says_whether_a_fault_reaches_the_whole_node(shipped, code, scope):
+    assert shipped.lookup(code).scope == scope
+    assert shipped.assess(code, "any line").scope == scope
+
+
+def test_scope_defaults_to_node(shipped):
+    assert catalogue_from_toml(ENTRY).lookup(1).scope == "node"
+    assert shipped.lookup(9999).scope == "node"  # not in the catalogue

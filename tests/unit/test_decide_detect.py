@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.decide.detect import FAILED_STATES, START_SLACK, detect
@@ -206,3 +208,79 @@ def test_incidents_come_in_job_id_order_and_ignore_evidence_order():
     shuffled = evidence[:]
     random.Random(4).shuffle(shuffled)
     assert run(*reversed(jobs), evidence=shuffled) == first
+
+
+# ------------------------------------------------------------------- GPU-scoped XIDs (GRES)
+
+
+def gres_view(*jobs: Job, gpus_per_node: int = 8) -> ClusterView:
+    nodes = {f"n{i}": Node(f"n{i}", "MIXED", gpus=gpus_per_node) for i in range(1, 5)}
+    return ClusterView(now=2_000, jobs={j.job_id: j for j in jobs}, nodes=nodes)
+
+
+def doomed_ids(view: ClusterView, *evidence: Evidence) -> list[int]:
+    found = detect(view, list(evidence), set(), CATALOGUE, POLICY)
+    return [i.job_id for i in found if i.kind is IncidentKind.DOOMED]
+
+
+ON_GPU0 = job(1, nodes=("n1",), gpus={"n1": frozenset({0})})
+ON_GPU1 = job(2, nodes=("n1",), gpus={"n1": frozenset({1})})
+NO_GPU = job(3, nodes=("n1",), gpus={})
+NOT_SAID = job(4, nodes=("n1",), gpus=None)
+
+
+def test_a_gpu_scoped_xid_dooms_only_the_jobs_on_that_gpu():
+    # XID 48 (double-bit ECC) on n1 gpu0: only job 1 holds GPU 0; job 4's GPUs are unknown
+    ecc = xid(7, 48, node="n1", gpu=0)
+    assert doomed_ids(gres_view(ON_GPU0, ON_GPU1, NO_GPU, NOT_SAID), ecc) == [1, 4]
+
+
+@pytest.mark.parametrize("code", [79, 74, 119, 120])
+def test_a_node_scoped_xid_dooms_every_job_on_the_node(code):
+    fault = xid(7, code, node="n1", gpu=0)
+    assert doomed_ids(gres_view(ON_GPU0, ON_GPU1, NO_GPU, NOT_SAID), fault) == [1, 2, 3, 4]
+
+
+def test_without_a_gpu_index_or_gres_a_gpu_scoped_xid_is_node_wide():
+    jobs = (ON_GPU0, ON_GPU1, NO_GPU)
+    no_index = xid(7, 48, node="n1", gpu=None)
+    assert doomed_ids(gres_view(*jobs), no_index) == [1, 2, 3]
+    on_gpu0 = xid(7, 48, node="n1", gpu=0)
+    assert doomed_ids(gres_view(*jobs, gpus_per_node=0), on_gpu0) == [1, 2, 3]
+    beyond = xid(7, 48, node="n1", gpu=8)  # an index Slurm's GRES does not have
+    assert doomed_ids(gres_view(*jobs), beyond) == [1, 2, 3]
+
+
+def test_operator_reports_and_ib_findings_stay_node_wide():
+    report = Evidence(7, "operator", "operator_report", 1_500, node="n1", gpu=0)
+    assert doomed_ids(gres_view(ON_GPU0, ON_GPU1, NO_GPU), report) == [1, 2, 3]
+    port = Evidence(8, "sidecar", "ib_finding", 1_500, node="n1", payload={"severity": "fatal"})
+    assert doomed_ids(gres_view(ON_GPU0, ON_GPU1, NO_GPU), port) == [1, 2, 3]
+
+
+def test_a_multi_node_job_is_matched_on_the_xids_node():
+    # job 5 holds gpu0 on n1 and gpu3 on n2: an ECC error on n2 gpu0 is not its
+    wide = job(5, nodes=("n1", "n2"), gpus={"n1": frozenset({0}), "n2": frozenset({3})})
+    assert doomed_ids(gres_view(wide), xid(7, 48, node="n2", gpu=0)) == []
+    assert doomed_ids(gres_view(wide), xid(7, 48, node="n2", gpu=3)) == [5]
+
+
+GPU_SETS = st.frozensets(st.integers(0, 7), max_size=8)
+
+
+@given(
+    held=st.dictionaries(st.sampled_from(["n1", "n2"]), GPU_SETS, max_size=2),
+    node=st.sampled_from(["n1", "n2"]),
+    gpu=st.one_of(st.none(), st.integers(0, 9)),
+    code=st.sampled_from(sorted(c for c in CATALOGUE if CATALOGUE.lookup(c).fatal)),
+)
+def test_a_job_is_spared_only_when_slurm_shows_it_off_a_gpu_scoped_xids_gpu(held, node, gpu, code):
+    running = job(6, nodes=("n1", "n2"), gpus=held)
+    doomed = doomed_ids(gres_view(running), xid(7, code, node=node, gpu=gpu)) == [6]
+    spared = (
+        CATALOGUE.lookup(code).gpu_scoped
+        and gpu is not None
+        and gpu < 8
+        and gpu not in held.get(node, frozenset())
+    )
+    assert doomed is not spared

@@ -263,7 +263,8 @@ def check_blast_radius(view: ClusterView, drains: set[str], policy: Policy) -> N
 def check_exclusions(job: Job, advice: Advice, policy: Policy) -> None:
     if advice.exclude:
         assert advice.action is Action.REQUEUE_EXCLUDE
-        assert len(job.excluded_nodes | advice.exclude) <= policy.max_excluded_nodes
+        # the cap counts the tool's exclusions in force (none given here), never the user's
+        assert len(advice.exclude) <= policy.max_excluded_nodes
     if advice.action in (Action.STOP, Action.NONE, Action.REQUEUE):
         assert advice.exclude == frozenset()
 

@@ -222,3 +222,48 @@ def test_a_step_that_cannot_be_read_back_never_releases_without_the_exclusion(tm
     assert "release" not in names and "set_begin_now" not in names
     (closed,) = store.list_incidents()
     assert closed.outcome.endswith("needs operator")
+
+
+class AnswerLost(FakeSlurm):
+    """slurmctld applies the requeue, then stops answering before it replies."""
+
+    def requeue_hold(self, job_id):
+        from slurm_recovery.scheduler.base import Unreachable
+
+        self.steps.append(("requeue_hold", (job_id,)))
+        self.jobs[job_id] = dataclasses.replace(
+            self.jobs[job_id], state="PENDING", nodes=(), restart_count=1, held=True
+        )
+        raise Unreachable("slurm_load_jobs error: Unable to contact slurm controller")
+
+
+def test_a_step_whose_answer_was_lost_is_found_and_says_so(tmp_path: Path):
+    """Issue 16, item 11: Slurm applied the step, then stopped answering. The next pass finds
+    it done; the record says the answer was lost (audited ``unanswered``), not that the
+    controller stopped after the call (it never stopped), and the step is not repeated."""
+    from slurm_recovery.holdmark import hold_mark
+
+    store = Store.open(tmp_path / "state.db")
+    first = job(nodes=("n1", "n2"))
+    slurm = AnswerLost([first], nodes())
+    clock = [NOW]
+    store.add_evidence([xid(79, node="n2", at=NOW - 20)], received_at=NOW - 19)
+    loop = reconciler(store, slurm, clock)
+    loop.tick()  # drain, mark, then requeue_hold: applied, no answer
+    assert loop.last_error.startswith("slurmctld unreachable")
+    (incident,) = store.list_incidents()
+    slurm.jobs[7] = dataclasses.replace(
+        slurm.jobs[7], admin_comment=hold_mark(incident.id, int(NOW) + 120)
+    )
+    unanswered = [
+        r.payload
+        for r in store.iter_audit()
+        if r.kind == "action" and r.payload.get("result") == "unanswered"
+    ]
+    assert [p["step"] for p in unanswered] == ["requeue_hold"]
+    clock[0] = NOW + 2
+    loop.tick()
+    (found,) = [a for a in store.actions(incident_id=incident.id) if a.step == "requeue_hold"]
+    assert found.result == "ok"
+    assert "its answer was lost" in found.message
+    assert [s for s, _ in slurm.steps].count("requeue_hold") == 1

@@ -57,7 +57,7 @@ class FakeSlurm:
         return self.jobs[job_id]
 
     def __getattr__(self, step: str):  # requeue_hold, drain_node, cancel ...
-        return lambda *args: self.steps.append((step, args))
+        return lambda *args, **options: self.steps.append((step, args))
 
 
 def job(state: str = "RUNNING", nodes=("n1", "n2"), **kw) -> Job:

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from slurm_recovery.scheduler.base import ExitCode, UnsupportedOutput
 from slurm_recovery.scheduler.slurmjson import (
     effective_job_state,
+    gpu_count,
+    gpu_indices,
     job_from_json,
     jobs_from_json,
     node_from_json,
@@ -220,7 +222,7 @@ def test_an_unknown_shape_names_the_field_and_the_release(field, value):
 
 
 @pytest.mark.parametrize(
-    "field", ["job_id", "job_state", "nodes", "exit_code", "priority", "restart_cnt"]
+    "field", ["job_id", "job_state", "nodes", "exit_code", "priority", "restart_cnt", "batch_flag"]
 )
 def test_a_missing_field_is_an_error_not_a_default(field):
     data = _job()
@@ -246,3 +248,118 @@ def test_garbage_in_a_text_field_never_escapes_as_another_error(text):
         assert exc.field == "excluded_nodes"
     else:
         assert isinstance(job.excluded_nodes, frozenset)
+
+
+def test_batch_flag_tells_an_interactive_job():
+    # srun/salloc jobs print batch_flag false (seen on 22.05 and 24.11); Slurm will not requeue them
+    assert job_from_json(_job(batch_flag=False)).batch is False
+    assert job_from_json(_job(batch_flag=True)).batch is True
+    with pytest.raises(UnsupportedOutput, match="batch_flag"):
+        job_from_json(_job(batch_flag=1))
+
+
+UNSET = {"set": False, "infinite": False, "number": 0}
+
+
+@given(st.integers(1, 2**31), st.integers(0, 10_000), st.integers(1, 2**31), st.booleans())
+def test_an_array_task_is_addressed_as_array_underscore_task(array_id, task, own_id, boxed):
+    def number(n):
+        return {"set": True, "infinite": False, "number": n} if boxed else n
+
+    job = job_from_json(
+        _job(job_id=own_id, array_job_id=number(array_id), array_task_id=number(task))
+    )
+    assert job.slurm_address == f"{array_id}_{task}" and not job.pending_array_record
+    pending = job_from_json(
+        _job(job_id=array_id, array_job_id=number(array_id), array_task_id=UNSET if boxed else None)
+    )
+    assert pending.pending_array_record and pending.array_task_id is None
+    plain = job_from_json(_job(job_id=own_id, array_job_id=number(0), array_task_id=None))
+    assert plain.slurm_address == str(own_id) and not plain.pending_array_record
+
+
+# ------------------------------------------------------------------------------ GPU GRES
+
+
+@pytest.mark.parametrize("recorded", RECORDED, ids=lambda p: p.name)
+def test_recorded_gres_indices_per_node(recorded: Path):
+    """Recorded by scripts/record-gres-fixtures (3 nodes, ``Gres=gpu:8`` each): gres_detail is
+    one string per node, in node order, on 22.05 and 24.11 alike."""
+    jobs = {j.name: j for j in jobs_from_json(_load(recorded / "gres-squeue.json"))}
+    assert jobs["gpu2"].gpus == {"n1": {0, 1}}
+    assert jobs["gpu1"].gpus == {"n1": {2}}
+    assert jobs["nogpu"].gpus == {}  # on a GPU node, holding none of its GPUs
+    assert jobs["multi"].gpus == {"n2": {0}, "n3": {0}}
+    assert jobs["gpus3"].gpus == {"n3": {1, 2, 3}}  # --gpus=3
+    gres_nodes = {n.name: n.gpus for n in nodes_from_json(_load(recorded / "gres-nodes.json"))}
+    assert gres_nodes == {"n1": 8, "n2": 8, "n3": 8}
+    # the plain recordings: jobs without GPU GRES hold no GPU
+    assert all(j.gpus == {} for j in jobs_from_json(_load(recorded / "squeue.json")))
+
+
+def test_without_gres_detail_slurm_does_not_say():
+    doc = _job()
+    del doc["gres_detail"]
+    assert job_from_json(doc).gpus is None
+    assert job_from_json(_job(gres_detail=["gpu:1(IDX:N/A)"], nodes="n1")).gpus is None
+    assert job_from_json(_job(gres_detail=["gpu:1(IDX:0)"], nodes="n[1-2]")).gpus is None
+    with pytest.raises(UnsupportedOutput, match="gres_detail"):
+        job_from_json(_job(gres_detail="gpu:1(IDX:0)"))
+
+
+@pytest.mark.parametrize(
+    ("detail", "indices"),
+    [
+        ("gpu:2(IDX:0-1)", {0, 1}),
+        ("gpu:3(IDX:0-1,3)", {0, 1, 3}),
+        ("gpu:a100:2(IDX:0,2)", {0, 2}),
+        ("gpu:a100:1(IDX:0),gpu:v100:1(IDX:4)", {0, 4}),
+        ("gpu:1(IDX:5),nic:1", {5}),
+        ("gpu:0", set()),
+        ("", set()),
+        ("gpu:1(IDX:N/A)", None),
+        ("gpu:1", None),
+        ("gpu:1(IDX:0),mps:50(0/100)", None),
+        ("shard:2(2/4)", None),
+        ("gpu:2(IDX:x-1)", None),
+    ],
+)
+def test_gpu_indices_of_one_node(detail, indices):
+    assert gpu_indices(detail) == (None if indices is None else frozenset(indices))
+
+
+@given(st.lists(st.integers(0, 63), min_size=1, max_size=8, unique=True), st.booleans())
+def test_gpu_indices_read_back_what_slurm_writes(indices, typed):
+    """Slurm writes an index set as sorted ranges joined by commas (bit_fmt)."""
+    ranges, run = [], []
+    for i in sorted(indices):
+        if run and i != run[-1] + 1:
+            ranges.append(run)
+            run = []
+        run.append(i)
+    ranges.append(run)
+    text = ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in ranges)
+    kind = "gpu:h100:" if typed else "gpu:"
+    assert gpu_indices(f"{kind}{len(indices)}(IDX:{text})") == frozenset(indices)
+
+
+@given(st.text(max_size=40))
+def test_any_gres_detail_text_reads_as_indices_or_not_known(text):
+    found = gpu_indices(text)
+    assert found is None or all(isinstance(i, int) and i >= 0 for i in found)
+
+
+@pytest.mark.parametrize(
+    ("gres", "count"),
+    [
+        ("gpu:8", 8),
+        ("gpu:h100:4(S:0-1),gpu:a100:4(S:1)", 8),
+        ("gpu:8(S:0),mps:400", 8),
+        ("", 0),
+        ("(null)", 0),
+        ("nic:2", 0),
+        ("gpu:lots", 0),
+    ],
+)
+def test_gpu_count_of_a_node(gres, count):
+    assert gpu_count(gres) == count

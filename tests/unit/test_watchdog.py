@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_recovery.holdmark import hold_mark
+from slurm_recovery.holdmark import hold_mark, with_mark
 from slurm_recovery.scheduler import InvalidRequest, Job, SchedulerError, UnknownJob, Unreachable
 from slurm_recovery.watchdog import (
     EXIT_FAILED,
@@ -101,7 +101,8 @@ class Double:
     ("case", "the_job", "selected"),
     [
         ("held by us, past deadline", job(1, comment=hold_mark(7, PAST)), True),
-        ("mark among other words", job(1, comment=f"ops note; {hold_mark(7, PAST)}"), True),
+        ("mark after the site's text", job(1, comment=with_mark("ops note", 7, PAST)), True),
+        ("mark-like site text", job(1, comment=f"ops note; {hold_mark(7, PAST)}"), False),
         ("held by us, before deadline", job(1, comment=hold_mark(7, FUTURE)), False),
         ("deadline is now: not yet past", job(1, comment=hold_mark(7, int(NOW))), False),
         ("held by someone else", job(1, comment=""), False),

@@ -103,6 +103,9 @@ JOB_FIELDS = (
     "standard_output",
     "is_requeueable",  # job.pyx:742
     "required_nodes",  # job.pyx:846
+    "is_batch_job",  # job.pyx:750 (batch_flag)
+    "array_id",  # job.pyx:1127 (array_job_id)
+    "array_task_id",  # job.pyx:1135
 )
 
 #: node.pyx: properties with a setter (l.424-669); others are read-only.
@@ -221,10 +224,13 @@ def build(world: World) -> types.ModuleType:
         @staticmethod
         def load(job_id: int) -> Job:
             call("Job.load", job_id)
-            if job_id not in world.jobs:
+            # slurm_load_job of an array's id sends every task; pyslurm keeps job_array[0]
+            tasks = [i for i, r in world.jobs.items() if r.get("array_id") == job_id]
+            if job_id not in world.jobs and not tasks:
                 raise RPCError(2017)
-            job = Job(job_id)
-            job._record = dict(world.jobs[job_id])
+            first = tasks[0] if tasks else job_id
+            job = Job(first)
+            job._record = dict(world.jobs[first])
             return job
 
         def _live(self) -> dict[str, Any]:

@@ -1,0 +1,175 @@
+"""Issue 16: what an operator does after the tool acted wins, on the real local cluster.
+
+A 4-node job on the 4-node cluster: once the tool excludes the broken node the job cannot
+start again, so its incident stays open ("released: waiting for resources") while the
+operator acts, which is when the loop used to undo it."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from slurm_recovery.store import Store
+from tests.conftest import wait_for
+from tests.integration.test_controller import running, scheduler, stacks  # noqa: F401
+
+pytestmark = pytest.mark.cluster
+
+
+def _open_and_released(stack, job_id: int):
+    with Store.open(stack.db, readonly=True) as store:
+        for incident in store.list_incidents(open_only=True):
+            if "released" in store.milestones(incident.id):
+                return incident
+    return None
+
+
+def _changes(stack, job_id: int) -> list[dict]:
+    with Store.open(stack.db, readonly=True) as store:
+        rows = store.evidence_by_kinds(("slurm_change",), job_id=job_id, limit=100)
+        return [dict(r.evidence.payload) for r in rows]
+
+
+def _waiting_job(stacks, submit, scheduler):  # noqa: F811
+    stack = stacks("act")
+    job_id = submit("-N4", "--wrap=sleep 600")
+    first = wait_for(lambda: running(scheduler, job_id))
+    bad = first.nodes[1]
+    stack.report_xid(bad)
+    incident = wait_for(lambda: _open_and_released(stack, job_id), timeout=30)
+    return stack, job_id, bad, incident
+
+
+def test_an_operator_resume_after_the_tools_drain_is_not_reverted(
+    stacks,  # noqa: F811
+    submit,
+    scheduler,  # noqa: F811
+    slurm_env,
+):
+    stack, job_id, bad, _ = _waiting_job(stacks, submit, scheduler)
+    assert scheduler.get_node(bad).drained
+    subprocess.run(
+        ["scontrol", "update", f"nodename={bad}", "state=resume"], env=slurm_env, check=True
+    )
+    wait_for(lambda: [c for c in _changes(stack, job_id) if c["what"] == "resumed"], timeout=15)
+    time.sleep(3)  # several passes (the loop passes every second and on evidence)
+    assert not scheduler.get_node(bad).drained, stack.log()
+    drains = [a for a in stack.actions("drain") if a.result == "ok"]
+    assert len(drains) == 1, drains
+    with Store.open(stack.db, readonly=True) as store:
+        state = store.get_node(bad)
+        assert state is not None and not state.drained_by_tool  # the blast radius forgets it
+    shown = stack.client.get(f"/v1/jobs/{job_id}")
+    assert "slurm_change" in [e["kind"] for i in shown["incidents"] for e in i["evidence"]] or (
+        _changes(stack, job_id)
+    )
+
+
+def test_an_operator_hold_after_the_tools_release_is_kept(
+    stacks,  # noqa: F811
+    submit,
+    scheduler,  # noqa: F811
+    slurm_env,
+):
+    stack, job_id, _, _ = _waiting_job(stacks, submit, scheduler)
+    subprocess.run(["scontrol", "hold", str(job_id)], env=slurm_env, check=True)
+    wait_for(lambda: [c for c in _changes(stack, job_id) if c["what"] == "held"], timeout=15)
+    time.sleep(3)
+    job = scheduler.get_job(job_id)
+    assert job.held, stack.log()
+    releases = [a for a in stack.actions("release") if a.result == "ok"]
+    assert len(releases) == 1
+
+
+def test_the_users_own_exclusions_do_not_count_toward_the_cap(
+    stacks,  # noqa: F811
+    submit,
+    scheduler,  # noqa: F811
+):
+    """``sbatch -x n1,n2``: a fault on its node restarts it (max_excluded_nodes = 2)."""
+    stack = stacks("act")
+    job_id = submit("-N1", "-x", "n1,n2", "--wrap=sleep 600")
+    first = wait_for(lambda: running(scheduler, job_id))
+    stack.report_xid(first.nodes[0])
+    again = wait_for(lambda: running(scheduler, job_id, restarts=1), timeout=30)
+    assert again.excluded_nodes == {"n1", "n2", first.nodes[0]}
+    assert not [a for a in stack.actions("cancel")]
+
+
+def test_an_operator_report_on_an_idle_node_drains_it_in_act_mode(
+    stacks,  # noqa: F811
+    scheduler,  # noqa: F811
+):
+    from slurm_recovery.controller.wire import event_to_json
+
+    stack = stacks("act")
+    idle = next(n.name for n in scheduler.list_nodes() if not n.drained and n.state == "IDLE")
+    stack.client.post_evidence(
+        [event_to_json("operator_report", time.time(), node=idle, payload={"reason": "bad fan"})],
+        role="operator",
+    )
+    node = wait_for(lambda: (n := scheduler.get_node(idle)).drained and n, timeout=15)
+    assert node.reason.startswith("srecovery:report:bad fan"), node.reason
+
+
+def test_a_job_the_watchdog_released_onto_the_bad_node_is_restarted_again(
+    stacks,  # noqa: F811
+    submit,
+    scheduler,  # noqa: F811
+):
+    """Item 12: no drain (as when the blast radius is reached), the controller killed right
+    after ``requeue_hold``; the watchdog releases the job past the hold deadline and it runs
+    again on the bad node. The controller, back, must not call that a success."""
+    import sys
+
+    from slurm_recovery import localcluster
+
+    stack = stacks(
+        "act",
+        hold_deadline="2s",
+        policy_extra="[classes.hardware]\ndrain = false\n",
+        env={"SRECOVERY_FAILPOINT": "after:requeue_hold"},
+    )
+    job_id = submit("-N4", "--wrap=sleep 600")
+    first = wait_for(lambda: running(scheduler, job_id))
+    bad = first.nodes[1]
+    stack.report_xid(bad)
+    wait_for(lambda: not localcluster.process_alive(stack.pid, "slurm_recovery.controller"))
+    wait_for(lambda: (j := scheduler.get_job(job_id)).state == "PENDING" and j.held)
+    time.sleep(2.5)  # past the hold deadline
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm_recovery.cli",
+            "--config",
+            str(stack.config),
+            "watchdog",
+            "--once",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    back = wait_for(lambda: running(scheduler, job_id, restarts=1), timeout=20)
+    assert bad in back.nodes  # released before the exclusion: on the bad node again
+    stack.start()  # without the failpoint
+    # the restart again: held, bad excluded; 3 nodes left for a 4-node job, so it waits
+    again = wait_for(
+        lambda: (
+            (j := scheduler.get_job(job_id)).restart_count == 2 and bad in j.excluded_nodes and j
+        ),
+        timeout=30,
+    )
+    assert again.state == "PENDING", stack.log()
+    with Store.open(stack.db, readonly=True) as store:
+        first_incident, second = sorted(store.list_incidents(), key=lambda i: i.id)
+        assert "restarting it again" in (first_incident.outcome or "")
+        assert store.latest_advice(second.id).verdict["redo_of"] == first_incident.id
+        rows = store.audit_about(incidents=[first_incident.id])
+        released = [r for r in rows if r.kind == "watchdog_release"]
+        assert released, [r.kind for r in rows]
+        assert store.milestones(first_incident.id)["released"] == released[0].ts

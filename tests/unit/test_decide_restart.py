@@ -1,0 +1,201 @@
+"""``next_step``: the restart sequence as a pure function (issue 16, item 3 and its class)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurm_recovery.decide.model import Action, Mode
+from slurm_recovery.decide.restart import Close, Plan, Step, Wait, next_step
+from slurm_recovery.holdmark import hold_mark, parse_hold_mark
+from slurm_recovery.scheduler.base import Job, Node
+
+NOW = 1_800_000_000.0
+T = "job 7"
+PLAN = Plan(
+    incident_id=3,
+    advice_id=1,
+    action=Action.REQUEUE_EXCLUDE,
+    mode=Mode.ACT,
+    reason="xid 79",
+    exclude=frozenset({"n2"}),
+    drain=frozenset({"n2"}),
+    cause="xid 79",
+)
+
+
+def job(state="RUNNING", restart=0, held=False, comment="", excluded=(), nodes=("n1", "n2"), **kw):
+    return Job(
+        job_id=7,
+        name="train",
+        state=state,
+        reason="",
+        user="alice",
+        partition="gpu",
+        nodes=tuple(nodes),
+        num_nodes=len(nodes),
+        submit_time=int(NOW) - 600,
+        restart_count=restart,
+        held=held,
+        admin_comment=comment,
+        excluded_nodes=frozenset(excluded),
+        start_time=int(NOW) - 500,
+        **kw,
+    )
+
+
+def nodes(drained=("n2",), reason="srecovery:3:xid 79"):
+    return {
+        n: Node(
+            n,
+            "IDLE",
+            flags=frozenset({"DRAIN"}) if n in drained else frozenset(),
+            reason=reason if n in drained else "",
+        )
+        for n in ("n1", "n2", "n3", "n4")
+    }
+
+
+def step(the_job, done, shown=None, plan=PLAN, **kw):
+    mark = parse_hold_mark(the_job.admin_comment) if the_job else None
+    return next_step(plan, the_job, 0, done, shown or nodes(), NOW, hold_mark_of=mark, **kw)
+
+
+MARK = hold_mark(3, NOW + 300)
+DRAINED = {("drain", "n2"): NOW - 5}
+
+
+def test_the_sequence_from_a_running_job():
+    assert step(job(), {}, nodes(drained=())).action == Step(
+        "drain", "n2", {"reason": "srecovery:3:xid 79"}
+    )
+    assert step(job(), DRAINED).action == Step("mark", T)
+    marked = {**DRAINED, ("mark", T): NOW - 4}
+    held = step(job(comment=MARK), marked).action
+    assert held == Step("requeue_hold", T, milestone="held")
+    requeued = {**marked, ("requeue_hold", T): NOW - 3}
+    pending = job("PENDING", 1, held=True, comment=MARK, nodes=(), begin_time=int(NOW) + 120)
+    assert step(pending, requeued).action.name == "exclude"
+    excluded = {**requeued, ("exclude", T): NOW - 2}
+    pending = job(
+        "PENDING", 1, held=True, comment=MARK, nodes=(), excluded={"n2"}, begin_time=int(NOW) + 120
+    )
+    begin = step(pending, excluded).action
+    assert begin.name == "begin_now" and begin.params["at"] == int(NOW - 3) + 1
+    begun = {**excluded, ("begin_now", T): NOW - 1}
+    assert step(pending, begun).action == Step("release", T, milestone="released")
+
+
+def test_a_drain_the_operator_resumed_is_never_drained_again():
+    """Item 3: ``scontrol update nodename=n2 state=resume`` after the tool drained it."""
+    nxt = step(job(), DRAINED, nodes(drained=()))
+    assert nxt.action == Step("mark", T)
+    assert [(c.what, c.target) for c in nxt.changes] == [("resumed", "n2")]
+
+
+def test_a_hold_placed_after_the_tools_release_is_kept():
+    """Item 3: an admin's ``scontrol hold`` once the tool released the job."""
+    done = {
+        **DRAINED,
+        ("mark", T): 1.0,
+        ("requeue_hold", T): 2.0,
+        ("exclude", T): 3.0,
+        ("release", T): 4.0,
+        ("unmark", T): 5.0,
+    }
+    held = job("PENDING", 1, held=True, nodes=(), excluded={"n2"})
+    nxt = step(held, done)
+    assert isinstance(nxt.action, Wait)
+    assert [c.what for c in nxt.changes] == ["held"]
+
+
+def test_an_exclusion_the_operator_removed_is_not_put_back():
+    done = {
+        **DRAINED,
+        ("mark", T): 1.0,
+        ("requeue_hold", T): 2.0,
+        ("exclude", T): 3.0,
+        ("release", T): 4.0,
+        ("unmark", T): 5.0,
+    }
+    nxt = step(job("PENDING", 1, nodes=()), done)
+    assert isinstance(nxt.action, Wait)
+    assert [c.what for c in nxt.changes] == ["unexcluded"]
+
+
+def test_a_job_cancelled_while_held_is_not_called_restarted():
+    """Item 11."""
+    done = {**DRAINED, ("mark", T): 1.0, ("requeue_hold", T): NOW - 2}
+    nxt = step(job("CANCELLED", 1, held=True, comment=MARK, nodes=()), done)
+    assert nxt.action == Close("the job ended CANCELLED while held for its restart: not restarted")
+
+
+def test_a_job_the_watchdog_released_onto_an_excluded_node_is_restarted_again():
+    """Item 12: released by the watchdog before the exclusion, running on n2 again."""
+    done = {**DRAINED, ("mark", T): 1.0, ("requeue_hold", T): 2.0}
+    running = job("RUNNING", 1, nodes=("n2",))
+    nxt = step(running, done, watchdog_released_at=NOW - 30)
+    assert isinstance(nxt.action, Close) and nxt.action.redo
+    assert [c.what for c in nxt.changes] == ["released"]
+
+
+def test_the_tools_repaired_exclusions_are_dropped_by_the_exclude_step():
+    plan = Plan(
+        3,
+        1,
+        Action.REQUEUE_EXCLUDE,
+        Mode.ACT,
+        "x",
+        exclude=frozenset({"n1"}),
+        unexclude=frozenset({"n2", "n3"}),
+    )
+    done = {("mark", T): 1.0, ("requeue_hold", T): 2.0}
+    pending = job("PENDING", 1, held=True, comment=MARK, nodes=(), excluded={"n2", "n3", "n4"})
+    nxt = step(pending, done, plan=plan)
+    assert nxt.action.name == "exclude"
+    assert nxt.action.params == {"nodes": ["n1"], "unexclude": ["n2", "n3"]}
+
+
+STEPS = ("drain", "mark", "requeue_hold", "exclude", "begin_now", "release", "unmark", "cancel")
+
+
+@given(
+    state=st.sampled_from(["RUNNING", "PENDING", "FAILED", "COMPLETING", "CANCELLED"]),
+    restart=st.integers(0, 2),
+    held=st.booleans(),
+    marked=st.booleans(),
+    excluded=st.sets(st.sampled_from(["n1", "n2", "n3"])),
+    drained=st.sets(st.sampled_from(["n1", "n2", "n3"])),
+    done=st.sets(st.sampled_from(STEPS)),
+    action=st.sampled_from([Action.REQUEUE_EXCLUDE, Action.REQUEUE, Action.STOP, Action.NONE]),
+    watchdog=st.booleans(),
+)
+def test_a_step_recorded_done_is_never_asked_again(
+    state, restart, held, marked, excluded, drained, done, action, watchdog
+):
+    """Whatever Slurm shows and whatever is recorded: the step ``next_step`` asks for has no
+    ok record yet (a step that succeeded is done), and a release is asked for only while the
+    job is held with the tool's own requeue."""
+    plan = Plan(3, 1, action, Mode.ACT, "r", exclude=frozenset({"n2"}), drain=frozenset({"n2"}))
+    the_job = job(
+        state,
+        restart,
+        held=held,
+        comment=MARK if marked else "",
+        excluded=excluded,
+        nodes=() if state == "PENDING" else ("n1", "n2"),
+    )
+    recorded = {(s, "n2" if s == "drain" else T): 1.0 for s in done}
+    nxt = step(
+        the_job,
+        recorded,
+        nodes(drained=drained),
+        plan=plan,
+        watchdog_released_at=NOW if watchdog else None,
+    )
+    if isinstance(nxt.action, Step):
+        assert (nxt.action.name, nxt.action.target) not in recorded
+        if nxt.action.name == "release":
+            found = {(f.name, f.target) for f in nxt.found}
+            assert held and restart > 0 and ("requeue_hold", T) in recorded | found
+            assert not watchdog
