@@ -158,9 +158,7 @@ def job_changes_from_sacct(
             if not _by_tool(tool, "requeue_hold", at, job_id=job_id):
                 out.append(JobChange(job_id, at, "requeued", None, ("accounting",)))
         elif state.startswith("CANCELLED"):
-            if cancelled_by_tool(comment) or _by_tool(
-                tool, "cancel", at, job_id=job_id
-            ):
+            if cancelled_by_tool(comment) or _by_tool(tool, "cancel", at, job_id=job_id):
                 continue
             words = state.split()
             user = _uid_name(words[2]) if len(words) == 3 and words[1] == "by" else None

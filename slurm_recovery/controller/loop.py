@@ -807,10 +807,14 @@ class Reconciler:
         )
 
     def _finish(self, incident: Incident, plan: Plan, job: Job | None, close: Close) -> None:
+        at = self.clock()
+        late = job is not None and job.start_time and at - job.start_time > 2
+        if close.milestone == "running_again" and job is not None and late:
+            at = float(job.start_time)  # found late (the controller was down): Slurm's time
         if close.milestone:
-            self.store.add_milestone(incident.id, close.milestone, at=self.clock())
+            self.store.add_milestone(incident.id, close.milestone, at=at)
         if close.milestone == "running_again":
-            self.store.add_milestone(incident.id, "released", at=self.clock())  # once
+            self.store.add_milestone(incident.id, "released", at=at)  # once
         milestones = self.store.milestones(incident.id)
         self._close(incident, close.outcome)
         if close.milestone == "running_again" and self.metrics:

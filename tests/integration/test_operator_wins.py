@@ -173,3 +173,34 @@ def test_a_job_the_watchdog_released_onto_the_bad_node_is_restarted_again(
         released = [r for r in rows if r.kind == "watchdog_release"]
         assert released, [r.kind for r in rows]
         assert store.milestones(first_incident.id)["released"] == released[0].ts
+
+
+def test_the_tools_exclusions_of_repaired_nodes_expire(
+    stacks,  # noqa: F811
+    submit,
+    scheduler,  # noqa: F811
+    slurm_env,
+):
+    """Item 4: fault, resume, fault, resume, fault: three restarts, never "3 excluded nodes";
+    each attempt excludes only the node still out of service."""
+    stack = stacks("act")
+    job_id = submit("-N1", "--wrap=sleep 600")
+    job = wait_for(lambda: running(scheduler, job_id))
+    for restart in (1, 2, 3):
+        bad = job.nodes[0]
+        stack.report_xid(bad)
+        job = wait_for(lambda r=restart: running(scheduler, job_id, restarts=r), timeout=30)
+        assert job.excluded_nodes == {bad}, (restart, job.excluded_nodes, stack.log())
+        assert scheduler.get_node(bad).drained
+        subprocess.run(
+            ["scontrol", "update", f"nodename={bad}", "state=resume"], env=slurm_env, check=True
+        )
+        # the loop sees the resume (and forgets the tool's drain) before the next fault
+        wait_for(lambda b=bad: _not_drained_by_tool(stack, b), timeout=15)
+    assert not stack.actions("cancel")
+
+
+def _not_drained_by_tool(stack, node: str) -> bool:
+    with Store.open(stack.db, readonly=True) as store:
+        state = store.get_node(node)
+        return state is not None and not state.drained_by_tool

@@ -369,7 +369,10 @@ def test_set_begin_now_refused_unless_pending_and_checked_after(sched, world):
 def test_cancel_records_the_reason_in_admin_comment_first(sched, world):
     running_job(world, admin_comment="billing=projX;ticket=INC-4711")
     sched.cancel(7, "application error: CUDA OOM in rank 3")
-    note = "billing=projX;ticket=INC-4711 [srecovery: cancelled: application error: CUDA OOM in rank 3]"
+    note = (
+        "billing=projX;ticket=INC-4711 "
+        "[srecovery: cancelled: application error: CUDA OOM in rank 3]"
+    )
     assert [c for c in world.calls if c[0] != "Job.load"] == [
         ("Job.modify", 7, {"admin_comment": note}),
         ("Job.cancel", 7),
