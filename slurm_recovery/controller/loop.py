@@ -789,7 +789,7 @@ class Reconciler:
                         payload={
                             "incident": incident.id,
                             "key": key,
-                            "what": change.what,
+                            "change": change.what,
                             "detail": change.detail,
                         },
                     )
@@ -799,7 +799,7 @@ class Reconciler:
                 "controller",
                 "slurm_change",
                 change.target,
-                {"incident": incident.id, "what": change.what, "detail": change.detail},
+                {"incident": incident.id, "change": change.what, "detail": change.detail},
                 ts=now,
             )
         log.warning(

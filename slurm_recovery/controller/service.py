@@ -34,7 +34,7 @@ from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import load_policy
 from slurm_recovery.holdmark import requeued_by_tool
-from slurm_recovery.scheduler import Node, Scheduler, open_scheduler
+from slurm_recovery.scheduler import Node, Scheduler, SchedulerError, Unreachable, open_scheduler
 from slurm_recovery.store import Evidence, Store, StoreError
 from slurm_recovery.store.store import ROUTINE_EVIDENCE
 
@@ -397,10 +397,22 @@ class Controller:
         if principal.role == "operator":
             view = self.reconciler.last_view if self.reconciler else None
             store = self.ingest.store()
-            check_operator_report(
-                evidence, view, lambda job: store.latest_attempt(self.cluster, job) is not None
-            )
+            check_operator_report(evidence, view, lambda job: self._job_known(store, job))
         return principal, evidence
+
+    def _job_known(self, store: Store, job_id: int) -> bool:
+        """A job the last pass did not see: one the store has a record of, or one Slurm shows
+        now (submitted since that pass). Slurm unreachable: taken as known (a report is never
+        lost to a check)."""
+        if store.latest_attempt(self.cluster, job_id) is not None:
+            return True
+        try:
+            self.scheduler.get_job(job_id)
+        except Unreachable:
+            return True
+        except SchedulerError:
+            return False
+        return True
 
     def _store_evidence(
         self, store: Store, principal: requests.Principal, evidence: list[Evidence]

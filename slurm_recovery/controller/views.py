@@ -171,6 +171,8 @@ def describe_evidence(e: Mapping[str, Any]) -> str:
         util = f" ({p['utilization']}%)" if p.get("utilization") is not None else ""
         return f"GPUs {busy}{util}{at}"
     if kind == "slurm_change":
+        if p.get("incident") is not None:  # after one of the incident's steps: left as it is
+            return f"Slurm: {_one_line(p.get('detail', ''))} (kept: the tool does not undo it)"
         return f"Slurm: {p.get('change', '?')}{at}"
     return f"{kind}{at}: {_one_line(dict(p), 160)}" if p else f"{kind}{at}"
 
@@ -276,7 +278,11 @@ def _context_evidence(
     )
     seen = {e["id"] for e in story.get("evidence", [])}
     candidates = [evidence_json(r) for r in records if r.id not in seen]
-    return context_events(candidates, restart, iso(incident.closed_at))
+    # what someone else changed after the incident's steps (the loop left it as it was)
+    undone = store.evidence_by_kinds(("slurm_change",), job_id=job_id, since=failure, limit=200)
+    return context_events(candidates, restart, iso(incident.closed_at)) + [
+        evidence_json(r) for r in undone if r.evidence.payload.get("incident") == incident.id
+    ]
 
 
 def context_events(

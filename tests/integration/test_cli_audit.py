@@ -124,15 +124,34 @@ def doomed_job(stack, slurm, reason: str) -> tuple[int, str, dict]:
 # --- audit tail, export, verify ----------------------------------------------------------
 
 
+def settled_reports(stack, count: int) -> list[dict]:
+    """The last ``count`` operator reports, once the loop has advised on each (n4 runs no
+    job, so each report gets a ``report_drain`` row: "would drain n4" in monitor mode)."""
+
+    def rows():
+        out = srecovery(stack, "audit", "tail", "-n", str(4 * count), "--json").stdout
+        found = [json.loads(line) for line in out.splitlines()]
+        reports = [r for r in found if r["action"] == "operator_report"][-count:]
+        advised = {r["details"]["evidence"] for r in found if r["action"] == "report_drain"}
+        settled = len(reports) == count and all(
+            r["details"]["evidence"] in advised for r in reports
+        )
+        return reports if settled else None
+
+    return wait_for(rows, timeout=20, interval=0.2)
+
+
 def test_tail_export_and_verify_an_intact_chain(stack, tmp_path):
     for words in ("tail me", "and me"):
         out = srecovery(stack, "report", "n4", "--reason", words)
         assert out.returncode == 0, out.stderr
-    tail = srecovery(stack, "audit", "tail", "-n", "2")
+    settled_reports(stack, 2)
+    tail = srecovery(stack, "audit", "tail", "-n", "4")
     assert tail.returncode == 0, tail.stderr
     header, *rows = tail.stdout.strip().splitlines()
-    assert header.split()[:4] == ["SEQ", "TIME", "ACTOR", "ACTION"] and len(rows) == 2
-    assert all("operator_report" in r and "node n4" in r for r in rows)
+    assert header.split()[:4] == ["SEQ", "TIME", "ACTOR", "ACTION"] and len(rows) == 4
+    rows = [r for r in rows if "operator_report" in r]
+    assert len(rows) == 2 and all("node n4" in r for r in rows)
     assert "tail me" in rows[0] and "and me" in rows[1]
 
     # enough rows that export and verify must page (1000 rows a request)
@@ -317,7 +336,7 @@ def test_verify_catches_an_edited_row_and_a_deleted_row(stack):
     db = stack.base / "state.db"
     for words in ("a first report", "the original words"):
         assert srecovery(stack, "report", "n4", "--reason", words).returncode == 0
-    row = json.loads(srecovery(stack, "audit", "tail", "-n", "1", "--json").stdout)
+    first, row = settled_reports(stack, 2)
     seq = row["seq"]
     assert row["details"]["reason"] == "the original words"
     original = sql(db, f"SELECT payload FROM audit_log WHERE seq = {seq};").strip()
@@ -347,7 +366,7 @@ def test_verify_catches_an_edited_row_and_a_deleted_row(stack):
     assert srecovery(stack, "audit", "verify").returncode == 0
 
     # a middle row deleted: the first report
-    victim = seq - 1
+    victim = first["seq"]
     with sqlite3.connect(db, timeout=5) as conn:
         saved = conn.execute("SELECT * FROM audit_log WHERE seq = ?", (victim,)).fetchone()
     assert "a first report" in saved[5]

@@ -202,7 +202,9 @@ def test_monitor_mode_records_advice_and_touches_nothing(stacks, submit, schedul
 # --- (c) an application fault: stopped with a reason, no node blamed --------------------------
 
 
-def test_application_fault_stops_the_job_and_blames_no_node(stacks, submit, scheduler):
+def test_an_application_fault_in_a_running_jobs_log_is_advice_only(stacks, submit, scheduler):
+    """A log line explains a failure, it does not create one: the running job gets advice
+    (application, no node), and nothing in Slurm is touched (issue 16, item 2)."""
     stack = stacks("act")
     job_id = submit("-N2", "--wrap=sleep 600")
     first = wait_for(lambda: running(scheduler, job_id))
@@ -223,15 +225,17 @@ def test_application_fault_stops_the_job_and_blames_no_node(stacks, submit, sche
         ],
         role="operator",
     )
-    job = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "CANCELLED" and j)
-    assert job.admin_comment.startswith("[srecovery: cancelled: ")
-    assert "application" in job.admin_comment.lower()
-    (incident,) = story_or_none(stack, job_id)
-    assert incident["advice"]["action"] == "stop"
+    (incident,) = wait_for(lambda: [i for i in story_or_none(stack, job_id) if i["outcome"]])
+    assert incident["advice"]["action"] == "none"
+    assert incident["advice"]["rule"] == "app_fault.running"
     assert incident["advice"]["verdict"]["fault_class"] == "application"
     assert incident["advice"]["verdict"]["nodes"] == []
     assert incident["advice"]["exclude"] == [] and incident["advice"]["drain"] == []
-    assert incident["outcome"].startswith("stopped: ")
+    assert incident["outcome"] == "nothing to do"
+    assert incident["actions"] == []
+    time.sleep(2)  # more passes: still nothing
+    job = scheduler.get_job(job_id)
+    assert job.state == "RUNNING" and job.restart_count == 0
     assert not any(n.drained for n in scheduler.list_nodes())
 
 

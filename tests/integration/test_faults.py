@@ -260,7 +260,12 @@ def test_the_stores_disk_full_is_a_clear_503_nothing_corrupt_nothing_lost(
             try:
                 stack.client.post_evidence(
                     [
-                        event_to_json("operator_report", time.time(), node="n4", payload={"r": n})
+                        event_to_json(
+                            "operator_report",
+                            time.time(),
+                            node="n4",
+                            payload={"reason": f"filler {n}"},
+                        )
                         for _ in range(20)
                     ],
                     role="operator",
@@ -297,7 +302,7 @@ def test_the_stores_disk_full_is_a_clear_503_nothing_corrupt_nothing_lost(
         wait_for(lambda: set(made) <= set(_injections(db)), timeout=60)
         wait_for(lambda: _queued(outbox) == 0, timeout=30)
         stack.client.post_evidence(
-            [event_to_json("operator_report", time.time(), node="n4", payload={"r": "after"})],
+            [event_to_json("operator_report", time.time(), node="n4", payload={"reason": "after"})],
             role="operator",
         )
         assert len(_stored(db, "operator_report")) == before + 1

@@ -126,6 +126,34 @@ def test_a_log_line_alone_does_not_cancel_a_running_job(stack, slurm, tmp_path):
     _replay_is_a_no_op(stack, since)
 
 
+def test_escape_sequences_in_a_jobs_output_never_reach_the_admins_terminal(stack, slurm, tmp_path):
+    """Item 9: a job prints an OSC title change, a screen clear and rich markup around its
+    CUDA error; ``srecovery explain`` and ``srecovery incidents`` show them inert."""
+    tmp_path.chmod(0o755)
+    script = tmp_path / "noisy.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        "printf '\\033]0;pwned\\007\\033[2J[bold red]CUDA error: an illegal memory access "
+        "was encountered\\n'\n"
+        "sleep 600\n"
+    )
+    job_id = slurm.submit("-N1", "-o", str(tmp_path / "noisy-%j.out"), str(script))
+    wait_for(lambda: slurm.incidents(job_id), timeout=60, interval=0.5)
+    for args in (("explain", str(job_id)), ("incidents",)):
+        out = subprocess.run(
+            [sys.executable, "-m", "slurm_recovery.cli", *args],
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, **stack.exports()},
+        )
+        assert out.returncode == 0, out.stderr
+        assert b"\x1b" not in out.stdout and b"\x07" not in out.stdout, out.stdout[-2000:]
+        assert b"\x1b" not in out.stderr and b"\x07" not in out.stderr
+    shown = srecovery(stack, "explain", str(job_id)).stdout
+    # shown visibly (the sidecar already drops CSI sequences such as the screen clear)
+    assert "^[]0;pwned^G" in shown and "[bold red]CUDA error" in shown, shown[-2000:]
+
+
 def test_an_xid_cleared_by_a_gpu_reset_does_not_convict_a_later_crash(stack, slurm):
     since = time.time() - 1
     for args in (("--gpu", "2", "--xid", "48"), ("--clear",)):

@@ -7,6 +7,7 @@ operator acts, which is when the loop used to undo it."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 
 import pytest
@@ -16,6 +17,12 @@ from tests.conftest import wait_for
 from tests.integration.test_controller import running, scheduler, stacks  # noqa: F401
 
 pytestmark = pytest.mark.cluster
+
+
+def srecovery(stack, *args: str) -> subprocess.CompletedProcess:
+    """The real CLI, as an admin runs it, against this stack's config."""
+    argv = [sys.executable, "-m", "slurm_recovery.cli", "--config", str(stack.config), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
 def _open_and_released(stack, job_id: int):
@@ -53,7 +60,7 @@ def test_an_operator_resume_after_the_tools_drain_is_not_reverted(
     subprocess.run(
         ["scontrol", "update", f"nodename={bad}", "state=resume"], env=slurm_env, check=True
     )
-    wait_for(lambda: [c for c in _changes(stack, job_id) if c["what"] == "resumed"], timeout=15)
+    wait_for(lambda: [c for c in _changes(stack, job_id) if c["change"] == "resumed"], timeout=15)
     time.sleep(3)  # several passes (the loop passes every second and on evidence)
     assert not scheduler.get_node(bad).drained, stack.log()
     drains = [a for a in stack.actions("drain") if a.result == "ok"]
@@ -61,10 +68,8 @@ def test_an_operator_resume_after_the_tools_drain_is_not_reverted(
     with Store.open(stack.db, readonly=True) as store:
         state = store.get_node(bad)
         assert state is not None and not state.drained_by_tool  # the blast radius forgets it
-    shown = stack.client.get(f"/v1/jobs/{job_id}")
-    assert "slurm_change" in [e["kind"] for i in shown["incidents"] for e in i["evidence"]] or (
-        _changes(stack, job_id)
-    )
+    out = srecovery(stack, "explain", str(job_id))
+    assert f"Slurm: {bad} resumed after the tool drained it (kept" in out.stdout, out.stdout
 
 
 def test_an_operator_hold_after_the_tools_release_is_kept(
@@ -75,7 +80,7 @@ def test_an_operator_hold_after_the_tools_release_is_kept(
 ):
     stack, job_id, _, _ = _waiting_job(stacks, submit, scheduler)
     subprocess.run(["scontrol", "hold", str(job_id)], env=slurm_env, check=True)
-    wait_for(lambda: [c for c in _changes(stack, job_id) if c["what"] == "held"], timeout=15)
+    wait_for(lambda: [c for c in _changes(stack, job_id) if c["change"] == "held"], timeout=15)
     time.sleep(3)
     job = scheduler.get_job(job_id)
     assert job.held, stack.log()
@@ -122,8 +127,6 @@ def test_a_job_the_watchdog_released_onto_the_bad_node_is_restarted_again(
     """Item 12: no drain (as when the blast radius is reached), the controller killed right
     after ``requeue_hold``; the watchdog releases the job past the hold deadline and it runs
     again on the bad node. The controller, back, must not call that a success."""
-    import sys
-
     from slurm_recovery import localcluster
 
     stack = stacks(
@@ -139,20 +142,7 @@ def test_a_job_the_watchdog_released_onto_the_bad_node_is_restarted_again(
     wait_for(lambda: not localcluster.process_alive(stack.pid, "slurm_recovery.controller"))
     wait_for(lambda: (j := scheduler.get_job(job_id)).state == "PENDING" and j.held)
     time.sleep(2.5)  # past the hold deadline
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slurm_recovery.cli",
-            "--config",
-            str(stack.config),
-            "watchdog",
-            "--once",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = srecovery(stack, "watchdog", "--once")
     assert out.returncode == 0, out.stderr
     back = wait_for(lambda: running(scheduler, job_id, restarts=1), timeout=20)
     assert bad in back.nodes  # released before the exclusion: on the bad node again
@@ -204,3 +194,29 @@ def _not_drained_by_tool(stack, node: str) -> bool:
     with Store.open(stack.db, readonly=True) as store:
         state = store.get_node(node)
         return state is not None and not state.drained_by_tool
+
+
+def test_the_sites_admin_comment_survives_a_restart_and_a_stop(
+    stacks,  # noqa: F811
+    submit,
+    scheduler,  # noqa: F811
+    slurm_env,
+):
+    """Items 8 and 11: the site's AdminComment stays through mark, requeue and note; a job
+    the tool stops later carries the stop's note, not a stale "requeued after" one."""
+    site = "billing=projX;ticket=INC-4711"
+    stack = stacks("act", policy_extra="max_restarts = 1\n")
+    job_id = submit("-N1", "--wrap=sleep 600")
+    first = wait_for(lambda: running(scheduler, job_id))
+    subprocess.run(
+        ["scontrol", "update", f"jobid={job_id}", f"admincomment={site}"],
+        env=slurm_env,
+        check=True,
+    )
+    stack.report_xid(first.nodes[0])
+    again = wait_for(lambda: running(scheduler, job_id, restarts=1), timeout=30)
+    assert again.admin_comment.startswith(site + " [srecovery: requeued after incident")
+    stack.report_xid(again.nodes[0])  # the restart limit (1) is reached: stopped
+    stopped = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "CANCELLED" and j)
+    assert stopped.admin_comment.startswith(site + " [srecovery: cancelled: "), stopped
+    assert "requeued after" not in stopped.admin_comment

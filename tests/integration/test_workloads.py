@@ -189,7 +189,9 @@ def jobs(stack, tmp_path_factory) -> Iterator[dict[str, Submitted]]:
     env = localcluster.slurm_env(stack.cluster)
     work = tmp_path_factory.mktemp("workloads")
     work.chmod(0o755)
-    ports = _free_port_block(3 * len(CASES), start=stack.cluster.port_base + 300)
+    # Below the kernel's ephemeral range (32768-60999): a port free now can be handed to any
+    # outgoing connection before the job listens on it (seen: EADDRINUSE at init_process_group).
+    ports = _free_port_block(3 * len(CASES), start=20000, stop=32000)
     submitted: dict[str, Submitted] = {}
     for i, case in enumerate(CASES):
         script = work / f"{case.name}.sh"
