@@ -344,8 +344,14 @@ def test_an_application_bug_is_stopped_and_blames_no_node(stack, sched, client, 
     cannot be multiplied". Fault class application, action stop, no node blamed, the job not
     restarted, and the traceback's last line among the signatures."""
     job = jobs["app_bug"]
-    story = first_incident(client, job, timeout=120)
-    assert story["kind"] in ("app_fault", "crash"), context(job, story)
+    # The other ranks may run on for seconds after rank 1's exception (gloo notices the lost
+    # peer): the log line alone is advice only (app_fault, action none); the job's crash is
+    # what stops it, judged with the same lines.
+    story = wait_for(
+        lambda: next((s for s in stories(client, job.job_id) if s["kind"] == "crash"), None),
+        timeout=120,
+        interval=0.25,
+    )
     advice = story["advice"]
     verdict = advice["verdict"]
     assert verdict["fault_class"] == "application", context(job, story)
@@ -374,7 +380,8 @@ def test_an_application_bug_is_stopped_and_blames_no_node(stack, sched, client, 
     time.sleep(3)  # a few controller passes: nothing may requeue it
     assert sched.get_job(job.job_id).restart_count == 0, context(job, story)
     assert ended.state in ("FAILED", "CANCELLED"), ended
-    assert len(stories(client, job.job_id)) == 1
+    others = [s for s in stories(client, job.job_id) if s["id"] != story["id"]]
+    assert all(s["kind"] == "app_fault" and s["advice"]["action"] == "none" for s in others)
     told = explain(stack, job.job_id)
     assert "verdict  application nodes=-" in told and "advice   stop" in told, told
 
