@@ -20,6 +20,7 @@ from slurm_recovery.scheduler import (
     Unreachable,
     pyslurm_backend,
 )
+from slurm_recovery.scheduler.base import earliest_restart
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from tests.conftest import NODES, wait_for
 
@@ -92,6 +93,7 @@ def test_requeue_hold_exclude_begin_now_release_runs_elsewhere(scheduler: Schedu
     first = wait_for(lambda: running(scheduler, job_id))
     bad = first.nodes[0]
 
+    requeued_at = time.time()
     scheduler.requeue_hold(job_id)
     held = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "PENDING" and j)
     assert held.held
@@ -106,8 +108,11 @@ def test_requeue_hold_exclude_begin_now_release_runs_elsewhere(scheduler: Schedu
     # Adding what is there already changes nothing and succeeds.
     assert scheduler.add_excluded_nodes(job_id, [bad]) == {bad, other}
 
-    scheduler.set_begin_now(job_id)
-    assert scheduler.get_job(job_id).begin_time <= time.time() + 1
+    # As the loop does: the begin time at the first second the job may start again (the old
+    # attempt's credential is revoked until then), and the release at once.
+    earliest = earliest_restart(requeued_at)
+    scheduler.set_begin_now(job_id, at=earliest)
+    assert scheduler.get_job(job_id).begin_time <= max(earliest, time.time()) + 1
     released_at = time.monotonic()
     scheduler.release(job_id)
     again = wait_for(lambda: running(scheduler, job_id), timeout=20)
