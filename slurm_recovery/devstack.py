@@ -7,6 +7,7 @@ one base directory; ``down`` stops exactly what ``up`` started (by pid, checked 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import sys
@@ -139,7 +140,10 @@ def wait_healthy(url: str, timeout: float = 30.0, pid: int | None = None) -> Non
             with urllib.request.urlopen(f"{url}/healthz", timeout=2) as resp:
                 if resp.status == 200:
                     return
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
+            # HTTPException: before the controller listens, a connection to a port in the
+            # kernel's ephemeral range can connect to itself and read back its own request
+            # ("BadStatusLine: GET /healthz HTTP/1.1"): not up yet, ask again
             last = str(exc)
         time.sleep(0.1)
     raise localcluster.ClusterError(
