@@ -349,7 +349,7 @@ class Reconciler:
                     "slurm_change",
                     state.name,
                     {
-                        "what": "drain_undone",
+                        "change": "drain_undone",
                         "detail": f"{state.name} {undone}",
                         "by": shown.reason_set_by,
                     },

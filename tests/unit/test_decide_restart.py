@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 from slurm_recovery.decide.model import Action, Mode
 from slurm_recovery.decide.restart import Close, Plan, Step, Wait, next_step
 from slurm_recovery.holdmark import hold_mark, parse_hold_mark
-from slurm_recovery.scheduler.base import Job, Node
+from slurm_recovery.scheduler.base import Node
+from tests.unit.test_replay import NOW
+from tests.unit.test_replay import job as replay_job
 
-NOW = 1_800_000_000.0
 T = "job 7"
 PLAN = Plan(
     incident_id=3,
@@ -25,21 +26,14 @@ PLAN = Plan(
 
 
 def job(state="RUNNING", restart=0, held=False, comment="", excluded=(), nodes=("n1", "n2"), **kw):
-    return Job(
-        job_id=7,
-        name="train",
-        state=state,
-        reason="",
-        user="alice",
-        partition="gpu",
-        nodes=tuple(nodes),
-        num_nodes=len(nodes),
-        submit_time=int(NOW) - 600,
+    """test_replay's job 7, as the restart sequence sees it."""
+    return replay_job(
+        state,
+        nodes=nodes,
         restart_count=restart,
         held=held,
         admin_comment=comment,
         excluded_nodes=frozenset(excluded),
-        start_time=int(NOW) - 500,
         **kw,
     )
 
@@ -197,5 +191,5 @@ def test_a_step_recorded_done_is_never_asked_again(
         assert (nxt.action.name, nxt.action.target) not in recorded
         if nxt.action.name == "release":
             found = {(f.name, f.target) for f in nxt.found}
-            assert held and restart > 0 and ("requeue_hold", T) in recorded | found
+            assert held and restart > 0 and ("requeue_hold", T) in set(recorded) | found
             assert not watchdog
