@@ -38,6 +38,7 @@ BENCHMARKS = (
     Benchmark("controller_scale", "ingest rate, latency, CPU, RSS at 100 to 10,000 nodes"),
     Benchmark("sidecar_overhead", "sidecar CPU and RSS with 8 simulated GPUs"),
     Benchmark("hook_overhead", "prolog/epilog/TaskProlog time added to job start and end"),
+    Benchmark("attribution", "explain-log accuracy on the corpus of real failure logs"),
     Benchmark("log_scan", "log signature scan, MB/s per core"),
     Benchmark("progress_api", "cost of progress.report() per call"),
     Benchmark("munge_rate", "MUNGE credentials per second", munge_option="--socket"),

@@ -40,10 +40,10 @@ on a strongly implicated one past ``drain_min_confidence``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from slurm_recovery.decide.catalogue import XidCatalogue, xid_code
+from slurm_recovery.decide.catalogue import XidCatalogue, is_knock_on, xid_code
 from slurm_recovery.decide.cleared import cleared_ids
 from slurm_recovery.decide.detect import (
     NODE_FINDING_KINDS,
@@ -150,6 +150,14 @@ def attribute(
     job_end_ids: list[int] = []
     resumed = resumed_at(evidence, incident.failed_at)
     ended = cleared_ids(evidence, until=incident.failed_at)
+    # the XID codes on each node in the window: an XID that only follows another (45, a channel
+    # torn down after an earlier error) is a knock-on symptom, never a finding of its own
+    codes: dict[str | None, list[int]] = {}
+    for ev in evidence:
+        if ev.kind == "xid" and low <= ev.observed_at <= high and ev.id not in ended:
+            code = xid_code(ev.payload)
+            if code is not None:
+                codes.setdefault(ev.node, []).append(code)
     for ev in sorted(evidence, key=lambda e: (e.observed_at, e.id)):
         if not low <= ev.observed_at <= high or ev.id in ended:
             continue
@@ -160,7 +168,7 @@ def attribute(
         mine = ev.job_id == job.job_id and in_attempt(ev, job)
         if ev.kind == "job_end" and mine:
             job_end_ids.append(ev.id)
-        found = _finding(ev, on_node, mine, lost, job, catalogue)
+        found = _finding(ev, on_node, mine, lost, job, catalogue, codes.get(ev.node, ()))
         if found is not None:
             findings.append(found)
     log_low = job.start_time - START_SLACK if incident.kind is IncidentKind.HANG else low
@@ -190,7 +198,13 @@ def attribute(
 
 
 def _finding(
-    ev: Evidence, on_node: bool, mine: bool, lost: bool, job: Job, catalogue: XidCatalogue
+    ev: Evidence,
+    on_node: bool,
+    mine: bool,
+    lost: bool,
+    job: Job,
+    catalogue: XidCatalogue,
+    node_xids: Iterable[int] = (),
 ) -> _Finding | None:
     where = f"{ev.node}" + (f" gpu{ev.gpu}" if ev.gpu is not None else "")
     if ev.kind == "xid":
@@ -198,6 +212,8 @@ def _finding(
         if code is None:
             return None
         info = catalogue.assess(code, str(ev.payload.get("message", "")))
+        if is_knock_on(info, node_xids):
+            return _Finding(FaultClass.UNKNOWN, False, 0.0, f"{info.label} on {where}", ev.id)
         if info.fault_class is FaultClass.APPLICATION:
             # An application XID names a GPU, never a culprit node; another job's is not ours.
             if on_node and (ev.job_id is None or ev.job_id == job.job_id):

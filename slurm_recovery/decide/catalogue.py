@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
@@ -36,6 +36,20 @@ XID_FAULT_DOMAINS = MappingProxyType(
 #: on the node (the default, also for an XID the catalogue does not list).
 XID_SCOPES = ("gpu", "node")
 
+#: NVIDIA's immediate-action buckets whose job decision the catalogue tests hold to a rule
+#: (``tests/unit/test_xid_nvidia_catalog.py``); the other buckets are NVIDIA's workflows.
+NVIDIA_RESOLUTIONS = (
+    "IGNORE",
+    "RESTART_APP",
+    "RESET_GPU",
+    "RESTART_BM",
+    "RESTART_VM",
+    "CONTACT_SUPPORT",
+)
+
+#: What explain-log says to do about a job whose log shows an XID (:func:`log_action`).
+LOG_ACTIONS = ("none", "requeue", "requeue_exclude", "stop")
+
 _ENTRY_KEYS = (
     "code",
     "meaning",
@@ -44,6 +58,21 @@ _ENTRY_KEYS = (
     "fatal",
     "scope",
     "not_fatal_when_message_contains",
+    "harmless_when_message_contains",
+    "mnemonic",
+    "nvidia",
+    "gpus",
+    "source",
+    "knock_on",
+    "differs",
+)
+_TEXT_KEYS = (
+    "not_fatal_when_message_contains",
+    "harmless_when_message_contains",
+    "mnemonic",
+    "nvidia",
+    "source",
+    "differs",
 )
 _REQUIRED_KEYS = ("code", "meaning", "class", "action", "fatal")
 
@@ -65,6 +94,24 @@ class XidInfo:
     not_fatal_when_message_contains: str = ""
     #: ``gpu``: only jobs on the XID's GPU are hit; ``node``: every job on the node
     scope: str = "node"
+    #: informational when its line contains this (class unknown, action none); "" = never
+    harmless_when_message_contains: str = field(default="", compare=False)
+    #: NVIDIA's mnemonic and immediate-action bucket ("" = not in NVIDIA's catalog, or no bucket)
+    mnemonic: str = field(default="", compare=False)
+    nvidia: str = field(default="", compare=False)
+    #: the GPUs NVIDIA's catalog says the code applies to
+    gpus: tuple[str, ...] = field(default=(), compare=False)
+    #: where the NVIDIA facts were read (repository@commit:path)
+    source: str = field(default="", compare=False)
+    #: "any" or comma-separated codes: this XID is a consequence of those in the same log
+    knock_on: str = field(default="", compare=False)
+    #: why the project's decision departs from NVIDIA's resolution ("" = it does not)
+    differs: str = field(default="", compare=False)
+
+    @property
+    def blames_node(self) -> bool:
+        """Whether the XID implicates the node it was logged on (class hardware or system)."""
+        return self.fault_class in (FaultClass.HARDWARE, FaultClass.SYSTEM)
 
     @property
     def gpu_scoped(self) -> bool:
@@ -95,12 +142,14 @@ class XidInfo:
 
 
 def unknown_xid(code: int) -> XidInfo:
-    """What the core assumes about an XID the catalogue does not list: nothing."""
+    """What the core assumes about an XID the catalogue does not list (a code newer than
+    NVIDIA's catalog): class unknown, not fatal, so a node warning (``severity``) that never
+    blames the node on its own; :func:`log_action` requeues the job without exclusion."""
     return XidInfo(
         code=code,
         meaning="not in the XID catalogue",
         fault_class=FaultClass.UNKNOWN,
-        action="none",
+        action="restart",
         fatal=False,
     )
 
@@ -117,20 +166,8 @@ class XidCatalogue:
         return self.entries.get(xid) or unknown_xid(xid)
 
     def assess(self, xid: int, message: str = "") -> XidInfo:
-        """:meth:`lookup`, refined by the XID's log line (``not_fatal_when_message_contains``)."""
-        info = self.lookup(xid)
-        marker = info.not_fatal_when_message_contains
-        if info.fatal and marker and marker.lower() in message.lower():
-            return XidInfo(
-                code=info.code,
-                meaning=info.meaning,
-                fault_class=info.fault_class,
-                action="none",
-                fatal=False,
-                not_fatal_when_message_contains=marker,
-                scope=info.scope,
-            )
-        return info
+        """:meth:`lookup`, refined by the XID's log line (:func:`refine`)."""
+        return refine(self.lookup(xid), message)
 
     def __iter__(self) -> Iterator[int]:
         """The catalogued codes, in ascending order."""
@@ -138,6 +175,58 @@ class XidCatalogue:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+
+def refine(info: XidInfo, message: str) -> XidInfo:
+    """``info`` as the XID's log line ``message`` qualifies it. Pure and idempotent.
+
+    ``harmless_when_message_contains`` found: informational (class unknown, action none, not
+    fatal), e.g. XID 154 changing the recovery action to None. ``not_fatal_when_message_contains``
+    found: not fatal, class and action kept (an NVLink5 "Nonfatal" error still implicates the node).
+    """
+    text = message.lower()
+    harmless = info.harmless_when_message_contains
+    if harmless and harmless.lower() in text:
+        if info.fault_class is FaultClass.UNKNOWN and info.action == "none" and not info.fatal:
+            return info
+        return replace(info, fault_class=FaultClass.UNKNOWN, action="none", fatal=False)
+    marker = info.not_fatal_when_message_contains
+    if info.fatal and marker and marker.lower() in text:
+        return replace(info, fatal=False)
+    return info
+
+
+def log_action(info: XidInfo, text: str = "") -> str:
+    """What explain-log does about a job whose log shows this XID (one of :data:`LOG_ACTIONS`).
+
+    ``info`` is a catalogue entry (``lookup`` or ``assess``) and ``text`` its log line. Pure:
+    ``stop`` for an application XID (the job's own bug: 13, 31, 43); ``requeue_exclude`` for
+    hardware and system ones (the GPU or node needs a reset, reboot or a human: NVIDIA's
+    RESET_GPU, RESTART_BM, CONTACT_SUPPORT and node workflows); for class unknown, ``none``
+    when nothing failed (NVIDIA's IGNORE, XID 154 back to None) and ``requeue`` otherwise (a
+    contained error whose application restarts, NVIDIA's RESTART_APP, or an uncatalogued XID).
+    Knock-on XIDs (``knock_on``) are the caller's to discount: see :func:`is_knock_on`."""
+    info = refine(info, text)
+    if info.fault_class is FaultClass.APPLICATION:
+        return "stop"
+    if info.blames_node:
+        return "requeue_exclude"
+    if info.action == "none":
+        return "none"
+    return "requeue"
+
+
+def is_knock_on(info: XidInfo, others: Iterable[int]) -> bool:
+    """Whether ``info``'s XID is only a consequence of ``others`` (the other XID codes in the
+    same log, on the same node): its ``knock_on`` is ``"any"`` and another code is there, or
+    it lists one of them. Pure; a caller adds non-XID causes (a job kill for XID 45)."""
+    rule = info.knock_on.strip()
+    if not rule:
+        return False
+    seen = {code for code in others if code != info.code}
+    if rule == "any":
+        return bool(seen)
+    return any(int(part) in seen for part in rule.split(",") if part.strip().isdigit())
 
 
 def xid_code(payload: Mapping[str, Any]) -> int | None:
@@ -280,6 +369,20 @@ def _entry(source: str, position: int, table: Any, problems: list[str]) -> XidIn
     code, meaning, klass, action, fatal = (table[k] for k in _REQUIRED_KEYS)
     marker = table.get("not_fatal_when_message_contains", "")
     scope = table.get("scope", "node")
+    gpus = table.get("gpus", [])
+    knock_on = table.get("knock_on", "")
+    for key in _TEXT_KEYS:
+        value = table.get(key, "")
+        if not isinstance(value, str) or "\n" in value:
+            problems.append(f"{where}: {key} = {value!r}: must be a one-line string")
+    if not isinstance(gpus, list) or not all(isinstance(g, str) and g for g in gpus):
+        problems.append(f'{where}: gpus = {gpus!r}: must be a list of GPU names, e.g. ["H100"]')
+    if not isinstance(knock_on, str) or not (
+        knock_on in ("", "any") or all(part.strip().isdigit() for part in knock_on.split(","))
+    ):
+        problems.append(
+            f'{where}: knock_on = {knock_on!r}: must be "any" or XID codes like "48" or "48, 64"'
+        )
     if isinstance(code, bool) or not isinstance(code, int) or code < 0:
         problems.append(f"{where}: code = {code!r}: must be a whole number, 0 or more")
     if not isinstance(meaning, str) or not meaning.strip() or "\n" in meaning:
@@ -297,8 +400,6 @@ def _entry(source: str, position: int, table: Any, problems: list[str]) -> XidIn
         )
     if not isinstance(fatal, bool):
         problems.append(f"{where}: fatal = {fatal!r}: must be true or false (no quotes)")
-    if not isinstance(marker, str):
-        problems.append(f"{where}: not_fatal_when_message_contains = {marker!r}: must be a string")
     if scope not in XID_SCOPES:
         problems.append(
             f"{where}: scope = {scope!r}: must be gpu (only work on that GPU is hit) or node "
@@ -319,4 +420,11 @@ def _entry(source: str, position: int, table: Any, problems: list[str]) -> XidIn
         fatal=fatal,
         not_fatal_when_message_contains=marker,
         scope=scope,
+        harmless_when_message_contains=table.get("harmless_when_message_contains", ""),
+        mnemonic=table.get("mnemonic", ""),
+        nvidia=table.get("nvidia", ""),
+        gpus=tuple(gpus),
+        source=table.get("source", ""),
+        knock_on=knock_on,
+        differs=table.get("differs", ""),
     )

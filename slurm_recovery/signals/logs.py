@@ -32,7 +32,9 @@ from slurm_recovery.config import ConfigError, did_you_mean
 from slurm_recovery.decide.catalogue import (
     XidCatalogue,
     catalogue_tables,
+    is_knock_on,
     load_xid_catalogue,
+    log_action,
     read_catalogue,
 )
 from slurm_recovery.sidecar.sources.kmsg import parse_xid_line
@@ -71,6 +73,7 @@ _KEYS = (
     "example",
     "parser",
     "knock_on_xids",
+    "escalate_after",
 )
 _REQUIRED = ("id", "description", "keywords", "class", "category", "action", "example")
 _ID = re.compile(r"^[a-z][a-z0-9_]*\.[a-z0-9_]+$")
@@ -103,6 +106,8 @@ class Signature:
     blame_node: bool = False
     parser: str = "regex"
     knock_on_xids: frozenset[int] = frozenset()
+    #: a warning repeated this many times about one node is a fault of that node (0: never)
+    escalate_after: int = 0
 
     @property
     def pattern(self) -> str:
@@ -536,17 +541,12 @@ class SignatureCatalogue:
             )
         if signature.parser == "xid" and match.xid is not None:
             info = self.xids.assess(match.xid, match.text)
-            klass = info.fault_class.value
-            knock_on = match.xid in signature.knock_on_xids
-            blames = klass in ("hardware", "system") and not knock_on
-            if klass == "application":
-                action = "stop"
-            elif klass == "unknown":
-                action = "requeue"
-            else:
-                action = "requeue_exclude"
+            action = log_action(info, match.text)
+            # an XID that asks nothing (NVIDIA's IGNORE) is a warning, like a knock-on line
+            knock_on = match.xid in signature.knock_on_xids or action == "none"
+            blames = info.blames_node and not knock_on
             return Assessment(
-                fault_class=klass,
+                fault_class=info.fault_class.value,
                 category=signature.category,
                 action=action,
                 knock_on=knock_on,
@@ -750,13 +750,26 @@ def _short(host: str) -> str:
     return host.split(".", 1)[0]
 
 
+#: The node blamed for a node-local fault in a log that names no host, read without ``--nodes``:
+#: the machine that wrote the log (an admin reading a node's own ``dmesg``).
+THIS_NODE = "(the log's node)"
+
+
 def _node_of(
     match: Match,
     nodes: Sequence[str] | None,
     rank_to_node: Mapping[int, str] | None,
+    origin: Mapping[str | None, str] | None = None,
 ) -> str | None:
-    """The job node a match came from: its host (short name; only a job node when ``nodes``
-    is given), else its rank's node from Slurm's task layout."""
+    """The job node a match came from.
+
+    - A one-node job: that node, whatever the line says (every process of the job and every
+      kernel message about its GPUs is on it).
+    - Its host (short name; only a job node when ``nodes`` is given), else its rank's node from
+      Slurm's task layout.
+    - Else the node the line's file is about (``origin``, :func:`_log_origins`)."""
+    if nodes is not None and len(nodes) == 1:
+        return nodes[0]
     known = {_short(n): n for n in nodes} if nodes else None
     if match.host:
         short = _short(match.host)
@@ -768,7 +781,32 @@ def _node_of(
         node = rank_to_node[match.rank]
         if known is None or _short(node) in known:
             return node if known is None else known[_short(node)]
+    if origin is not None:
+        return origin.get(match.source)
     return None
+
+
+def _log_origins(matches: Sequence[Match], nodes: Sequence[str] | None) -> dict[str | None, str]:
+    """The node each file's lines are about when a line does not say: the one host (a job node,
+    when ``nodes`` is given) that the file's lines name. Read without ``nodes``, a file whose
+    lines name no host at all is the log of the machine that wrote it (:data:`THIS_NODE`)."""
+    known = {_short(n): n for n in nodes} if nodes else None
+    hosts: dict[str | None, set[str]] = {}
+    for match in matches:
+        named = hosts.setdefault(match.source, set())
+        if match.host:
+            short = _short(match.host)
+            if known is None:
+                named.add(short)
+            elif short in known:
+                named.add(known[short])
+    origins: dict[str | None, str] = {}
+    for source, named in hosts.items():
+        if len(named) == 1:
+            origins[source] = next(iter(named))
+        elif not named and nodes is None:
+            origins[source] = THIS_NODE
+    return origins
 
 
 def classify(
@@ -801,6 +839,7 @@ def classify(
         )
     ordered = _rebase_years(ordered)
     assessed = [(m, catalogue.assess(m), i) for i, m in enumerate(ordered)]
+    assessed = _escalate_repeats(_xid_knock_ons(assessed, catalogue), catalogue)
 
     def when(item: tuple[Match, Assessment, int]) -> tuple[bool, float, int]:
         m, _, index = item
@@ -809,15 +848,36 @@ def classify(
     primary = sorted((a for a in assessed if not a[1].knock_on), key=when)
     knock_on = sorted((a for a in assessed if a[1].knock_on), key=when)
     if not primary:
-        root = knock_on[0][1]
+        failing = [a for a in knock_on if a[1].action != "none"]
         lines = [_line(m) for m, _, _ in knock_on[:limit]]
+        sources = [m.source for m, _, _ in knock_on[:limit]]
+        if not failing:
+            return LogVerdict(
+                category=knock_on[0][1].category,
+                fault_domain="unknown",
+                action="none",
+                signatures=lines,
+                cause=f"warnings only ({knock_on[0][1].label}); nothing failed",
+                sources=sources,
+            )
+        mismatch = _collective_mistake([m for m, _, _ in knock_on])
+        if mismatch is not None:
+            return LogVerdict(
+                category="collective",
+                fault_domain="application",
+                action="stop",
+                signatures=lines,
+                cause=mismatch,
+                sources=sources,
+            )
+        root = failing[0][1]
         return LogVerdict(
             category=root.category,
             fault_domain="unknown",
             action="requeue",
             signatures=lines,
             cause=f"only symptoms of a failure elsewhere ({root.label}); no root cause in the log",
-            sources=[m.source for m, _, _ in knock_on[:limit]],
+            sources=sources,
         )
     decisive = [a for a in primary if a[1].decisive and a[1].fault_class in ("hardware", "system")]
     root_item = decisive[0] if decisive else primary[0]
@@ -826,10 +886,11 @@ def classify(
     blame: list[str] = []
     weak_only = True
     if klass in ("hardware", "system"):
+        origin = _log_origins(ordered, nodes)
         for m, a, _ in primary:
             if a.fault_class != klass or not a.blame_node:
                 continue
-            node = _node_of(m, nodes, rank_to_node)
+            node = _node_of(m, nodes, rank_to_node, origin)
             if node is not None and node not in blame:
                 blame.append(node)
                 weak_only = weak_only and not a.decisive
@@ -851,6 +912,139 @@ def classify(
         cause=f"{root.label}{where}",
         sources=[m.source for m, _, _ in shown[:limit]],
     )
+
+
+#: Lines that end a job's processes: an XID the driver logs as a channel is torn down after them
+#: (XID 45) is their consequence.
+_ENDS_PROCESSES = frozenset(
+    {"slurm.task_killed", "slurm.cancelled", "slurm.time_limit", "slurm.preemption"}
+)
+
+
+def _xid_knock_ons(
+    assessed: list[tuple[Match, Assessment, int]], catalogue: SignatureCatalogue
+) -> list[tuple[Match, Assessment, int]]:
+    """XIDs that only follow another failure are knock-on symptoms (the catalogue's
+    ``knock_on`` rule, :func:`is_knock_on`): another XID on the same node (host, else file),
+    or, for a rule of ``any`` (XID 45, a channel torn down as its process ends), an
+    application error or a kill anywhere in the log."""
+    codes: dict[str | None, list[int]] = {}
+    for m, _, _ in assessed:
+        if m.xid is not None:
+            codes.setdefault(_short(m.host) if m.host else m.source, []).append(m.xid)
+    if not codes:
+        return assessed
+    ended = any(
+        a.fault_class == "application" or m.signature_id in _ENDS_PROCESSES
+        for m, a, _ in assessed
+        if m.xid is None
+    )
+    out = []
+    for m, a, i in assessed:
+        signature = catalogue.get(m.signature_id)
+        if m.xid is not None and signature is not None and signature.parser == "xid":
+            info = catalogue.xids.assess(m.xid, m.text)
+            others = codes[_short(m.host) if m.host else m.source]
+            if not a.knock_on and (
+                is_knock_on(info, others) or (ended and info.knock_on.strip() == "any")
+            ):
+                a = replace(a, knock_on=True, decisive=False, blame_node=False)
+        out.append((m, a, i))
+    return out
+
+
+_WORK = re.compile(
+    r"WorkNCCL\(SeqNum=(?P<seq>\d{1,12}), OpType=(?P<op>\w{1,40})"
+    r"(?:, NumelIn=(?P<numel>-?\d{1,15}))?"
+)
+# the process group a watchdog line is about: "[PG 5 Rank 0]", "[PG ID 0 PG GUID 0(default_pg) ..."
+_PG = re.compile(r"\[PG (?:ID )?(?P<pg>\d{1,9})\b")
+#: A collective timeout at this sequence number or below happened at start-up: the ranks never
+#: met (a wrong world size, address or interface), not a node that went quiet in training.
+STARTUP_SEQ = 2
+
+
+def _collective_mistake(symptoms: Sequence[Match]) -> str | None:
+    """Why collective timeouts with no other cause in the log are the program's own mistake,
+    or None when they are not (then one rank's node may have gone quiet: requeue).
+
+    From what the watchdog lines carry (``WorkNCCL(SeqNum=, OpType=, NumelIn=)``, compared
+    within one process group, whose sequence numbers are its own), a launch or code mismatch:
+    - ranks that timed out in different collectives (another sequence number, operation or
+      size): a code path that not every rank takes;
+    - the first collectives (``SeqNum`` <= :data:`STARTUP_SEQ`): the ranks never met;
+    - a checkpoint save started before the first timeout: the save outlasted the timeout.
+    """
+    groups: dict[str | None, dict[int | None, tuple[int, str, str | None]]] = {}
+    saving = False
+    for match in symptoms:
+        if match.signature_id == "training.checkpoint_save" and not groups:
+            saving = True
+        if match.signature_id != "torch.nccl_watchdog_timeout":
+            continue
+        found = _WORK.search(match.text)
+        if found is None:
+            continue
+        pg = _PG.search(match.text)
+        works = groups.setdefault(pg["pg"] if pg else None, {})
+        works.setdefault(match.rank, (int(found["seq"]), found["op"], found["numel"]))
+    for works in groups.values():
+        kinds = set(works.values())
+        if len(kinds) > 1:
+            shown = ", ".join(
+                f"SeqNum={s} {o}" + (f" NumelIn={n}" if n else "") for s, o, n in sorted(kinds)
+            )
+            return (
+                f"ranks timed out in different collectives ({shown}): "
+                "a code path not every rank takes"
+            )
+    first = [work for works in groups.values() for work in works.values()]
+    if first and max(seq for seq, _, _ in first) <= STARTUP_SEQ:
+        seq, op, _ = first[0]
+        return (
+            f"the first collectives timed out (SeqNum={seq} {op}): the ranks never met; "
+            "check the launch (world size, master address, network interface)"
+        )
+    if saving and first:
+        return (
+            "a checkpoint save outlasted the collective timeout: "
+            "raise the timeout or save asynchronously"
+        )
+    return None
+
+
+def _escalate_repeats(
+    assessed: list[tuple[Match, Assessment, int]], catalogue: SignatureCatalogue
+) -> list[tuple[Match, Assessment, int]]:
+    """Repeats escalate: a hardware warning that a signature says to count (``escalate_after``,
+    e.g. corrected memory errors) becomes a fault of its node once that many lines about one
+    node (its host, else its file) are in the log."""
+    counts: dict[tuple[str, str | None], int] = {}
+    for m, _, _ in assessed:
+        signature = catalogue.get(m.signature_id)
+        if signature is not None and signature.escalate_after:
+            key = (m.signature_id, _short(m.host) if m.host else m.source)
+            counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return assessed
+    escalated = []
+    for m, a, i in assessed:
+        signature = catalogue.get(m.signature_id)
+        key = (m.signature_id, _short(m.host) if m.host else m.source)
+        if (
+            signature is not None
+            and signature.escalate_after
+            and (counts[key] >= signature.escalate_after)
+        ):
+            a = replace(
+                a,
+                action="requeue_exclude",
+                knock_on=False,
+                blame_node=True,
+                label=f"{a.label} repeated {counts[key]} times",
+            )
+        escalated.append((m, a, i))
+    return escalated
 
 
 def _rebase_years(matches: list[Match]) -> list[Match]:
@@ -1124,6 +1318,23 @@ def _entry(source: str, position: int, table: Any, problems: list[str]) -> Signa
         knock_on_xids = []
     elif knock_on_xids and parser != "xid":
         problems.append(f'{where}: knock_on_xids: only for parser = "xid"')
+    escalate_after = table.get("escalate_after", 0)
+    if (
+        not isinstance(escalate_after, int)
+        or isinstance(escalate_after, bool)
+        or escalate_after < 0
+    ):
+        problems.append(
+            f"{where}: escalate_after = {escalate_after!r}: must be a whole number >= 2"
+        )
+        escalate_after = 0
+    elif escalate_after and (
+        escalate_after < 2 or not flags["knock_on"] or klass not in ("hardware", "system")
+    ):
+        problems.append(
+            f"{where}: escalate_after: only for a hardware or system warning (knock_on = true), "
+            "and at least 2"
+        )
     if len(problems) > before:
         return None
     return Signature(
@@ -1140,6 +1351,7 @@ def _entry(source: str, position: int, table: Any, problems: list[str]) -> Signa
         blame_node=flags["blame_node"],
         parser=parser,
         knock_on_xids=frozenset(knock_on_xids),
+        escalate_after=escalate_after,
     )
 
 

@@ -127,7 +127,7 @@ def test_fatal_node_evidence_beats_application_evidence():
 
 
 def test_a_non_fatal_hardware_xid_alone_is_a_weak_hardware_verdict():
-    v = verdict([xid(5, 94)])
+    v = verdict([xid(5, 54)])
     assert v.fault_class is FaultClass.HARDWARE
     assert v.nodes == {"n2"}
     assert v.confidence == attribution.WEAK_HARDWARE_XID
@@ -222,7 +222,7 @@ def test_node_is_down(state, flags, is_down):
 # --------------------------------------------------------------------------------- application
 
 
-@pytest.mark.parametrize("code", [13, 31, 43, 45, 68, 69])
+@pytest.mark.parametrize("code", [11, 13, 25, 31, 43, 69, 137])
 def test_application_xids_implicate_no_node(code):
     v = verdict([xid(5, code)])
     assert v.fault_class is FaultClass.APPLICATION
@@ -357,3 +357,16 @@ def test_a_gpu_scoped_xid_on_another_jobs_gpu_does_not_explain_a_crash():
     assert bus.nodes == {"n2"}
     unknown = attribute(incident(), job(), [xid(1, 48, gpu=1)], CATALOGUE, POLICY, nodes)
     assert unknown.nodes == {"n2"}  # Slurm did not say which GPUs the job holds
+
+
+def test_xid_45_after_another_xid_on_the_node_is_a_knock_on_and_45_alone_is_node_side():
+    alone = verdict([xid(5, 45)])
+    assert alone.fault_class is FaultClass.SYSTEM and alone.nodes == {"n2"}
+    # 45 tears channels down after the 79; only the 79 is a finding
+    after = verdict([xid(5, 79), xid(6, 45)])
+    assert after.fault_class is FaultClass.HARDWARE and after.evidence_ids == (5,)
+
+
+def test_an_ignore_xid_is_no_finding_against_the_node():
+    for code in (63, 92):
+        assert verdict([xid(5, code)]).nodes == frozenset(), code

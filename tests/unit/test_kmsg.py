@@ -307,9 +307,9 @@ def test_the_pci_bus_id_names_the_gpu():
             "NVRM: Xid (PCI:0000:0d:00): 154, GPU recovery action changed from 0x1 (GPU Reset "
             "Required) to 0x0 (None)",
             "warning",
-            "hardware",
+            "unknown",  # nothing left to do: NVIDIA's IGNORE
         ),
-        (NVLINK_LINES[0][0], "warning", "unknown"),  # 145: not catalogued yet
+        (NVLINK_LINES[0][0], "warning", "hardware"),  # 145: NVLink5, node-side though not fatal
     ],
 )
 def test_what_the_catalogue_makes_of_kernel_log_xids(line, severity, domain):

@@ -907,8 +907,19 @@ def test_application_xid_and_knock_on_xid_never_blame() -> None:
         [],
         "stop",
     )
-    payload = evidence_payload(m("kernel.xid", 1, host="gpu01", xid=45))
-    assert payload["knock_on"] is True and payload["blame_node"] is False
+    # 45 tears channels down after another XID: a knock-on that never blames
+    after = classify(
+        [m("kernel.xid", 1, host="gpu01", xid=79), m("kernel.xid", 2, host="gpu01", xid=45)],
+        nodes=["gpu01", "gpu02"],
+    )
+    assert after.blame_nodes == ["gpu01"] and after.cause.startswith("xid 79")
+    assert [s["id"] for s in after.signatures] == ["kernel.xid", "kernel.xid"]
+    # ... and after the job's own crash it is the crash's consequence
+    crash = classify(
+        [m("python.exception", 1, rank=0), m("kernel.xid", 2, host="gpu01", xid=45)],
+        nodes=["gpu01", "gpu02"],
+    )
+    assert (crash.fault_domain, crash.blame_nodes, crash.action) == ("application", [], "stop")
 
 
 def test_nothing_recognised() -> None:

@@ -158,6 +158,14 @@ def _parse_message(text: str) -> XidLine | None:
     return None
 
 
+def nvlink5_subcode(intr_info: str) -> int:
+    """Bits 20-25 of an NVLink5 XID's first register (IntrInfo), the field NVIDIA's "XID
+    144-150 Decode" sheet keys the recovery action on beside the unit (e.g. the link-down
+    reason of XID 149 NETIR_LINK_EVT). What a value means depends on the driver generation
+    (the sheet has one decode before R575 and one from R575 on), so it is given raw."""
+    return (int(intr_info, 16) >> 20) & 0x3F
+
+
 def _xid_from(match: re.Match[str]) -> XidLine:
     pci = None
     paren = match["paren"]
@@ -188,6 +196,7 @@ def _xid_from(match: re.Match[str]) -> XidLine:
             "intr_info": words[0],
             "error_status": words[1] if len(words) > 1 else None,
             "words": words,
+            "subcode": nvlink5_subcode(words[0]),
         }
     return XidLine(
         xid=int(match["xid"]),

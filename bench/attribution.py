@@ -1,0 +1,247 @@
+"""Attribution accuracy of ``srecovery explain-log`` on the corpus of real failure logs.
+
+Usage: ``python -m bench.attribution [--corpus tests/corpus] [--misses] [--json FILE]``.
+
+Each case in ``tests/corpus/<area>/*.toml`` (format: ``tests/corpus/README.md``) holds a log
+excerpt from a public bug report and the label its source's resolution gives. Every case is
+classified as ``explain-log`` does (the shipped catalogue, :func:`classify`) twice: bare, and,
+for a single-node job, with the job's one node given (``--nodes n1``). Prints, per area and in
+all, for both runs:
+
+- action accuracy: the verdict's action is the labelled one;
+- node-blame recall: of the cases where a node really was bad, the share that blame a node
+  (with ``--nodes n1``: that blame exactly n1; bare, with a labelled ``blame``: one of those);
+- application faults blamed: cases labelled ``fault_domain = "application"`` that blame a node
+  (must be 0), and all false blames (a node blamed where none was at fault).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_recovery.signals.logs import LogVerdict, classify, default_catalogue
+
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus"
+ACTIONS = ("requeue_exclude", "requeue", "stop", "none")
+DOMAINS = ("hardware", "system", "application", "unknown")
+REQUIRED = ("url", "title", "basis", "fault_domain", "node_fault", "action", "single_node", "log")
+#: the node name a single-node case is given, as the independent evaluation does
+ONE_NODE = "n1"
+
+
+class CaseError(ValueError):
+    """A corpus file that is not a well-formed case (names the file and the key)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    path: Path
+    area: str
+    url: str
+    title: str
+    basis: str
+    fault_domain: str
+    node_fault: bool
+    action: str
+    single_node: bool
+    log: str
+    blame: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.area}/{self.path.stem}"
+
+
+def load_case(path: Path, area: str) -> Case:
+    """One case, checked: every key present and typed, labels from the allowed sets and
+    consistent with each other (a node fault is requeue_exclude; an application fault blames
+    no node)."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise CaseError(f"{path}: {exc}") from exc
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise CaseError(f"{path}: missing {', '.join(missing)}")
+    for key in ("url", "title", "basis", "log", "fault_domain", "action"):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise CaseError(f"{path}: {key} must be a non-empty string")
+    for key in ("node_fault", "single_node"):
+        if not isinstance(data[key], bool):
+            raise CaseError(f"{path}: {key} must be true or false")
+    if not data["url"].startswith("https://"):
+        raise CaseError(f"{path}: url must be an https:// address")
+    if data["action"] not in ACTIONS:
+        raise CaseError(f"{path}: action must be one of {', '.join(ACTIONS)}")
+    if data["fault_domain"] not in DOMAINS:
+        raise CaseError(f"{path}: fault_domain must be one of {', '.join(DOMAINS)}")
+    if data["node_fault"] != (data["action"] == "requeue_exclude"):
+        raise CaseError(f"{path}: node_fault = true goes with action = requeue_exclude, only")
+    if data["fault_domain"] == "application" and data["node_fault"]:
+        raise CaseError(f"{path}: an application fault is not a node fault")
+    blame = data.get("blame", [])
+    if not isinstance(blame, list) or not all(isinstance(b, str) and b for b in blame):
+        raise CaseError(f"{path}: blame must be a list of host names")
+    return Case(
+        path=path,
+        area=area,
+        url=data["url"],
+        title=data["title"],
+        basis=data["basis"],
+        fault_domain=data["fault_domain"],
+        node_fault=data["node_fault"],
+        action=data["action"],
+        single_node=data["single_node"],
+        log=data["log"],
+        blame=tuple(blame),
+    )
+
+
+def load_corpus(root: Path = CORPUS) -> list[Case]:
+    """Every case under ``root`` (one sub-directory per area), in name order."""
+    cases = []
+    for path in sorted(root.glob("*/*.toml")):
+        cases.append(load_case(path, path.parent.name))
+    return cases
+
+
+def explain(case: Case, nodes: Sequence[str] | None) -> LogVerdict:
+    """The verdict ``srecovery explain-log`` gives on the case's log (same catalogue, same
+    :func:`classify`)."""
+    catalogue = default_catalogue()
+    matches = list(catalogue.scan_text(case.log, source=case.name))
+    return classify(matches, nodes=nodes, catalogue=catalogue)
+
+
+@dataclass
+class Outcome:
+    case: Case
+    verdict: LogVerdict
+    with_nodes: bool
+
+    @property
+    def right_action(self) -> bool:
+        return self.verdict.action == self.case.action
+
+    @property
+    def blamed(self) -> bool:
+        return bool(self.verdict.blame_nodes)
+
+    @property
+    def right_blame(self) -> bool:
+        """A node fault blamed on the right node: exactly n1 with ``--nodes n1``; bare, any
+        node unless the case names which."""
+        got = self.verdict.blame_nodes
+        if self.with_nodes:
+            return got == [ONE_NODE]
+        if self.case.blame:
+            short = {b.split(".", 1)[0] for b in self.case.blame}
+            return any(g.split(".", 1)[0] in short for g in got)
+        return bool(got)
+
+
+@dataclass
+class Score:
+    cases: int = 0
+    right: int = 0
+    node_faults: int = 0
+    node_blamed: int = 0
+    app_blamed: int = 0
+    false_blames: int = 0
+    misses: list[Outcome] = field(default_factory=list)
+
+    def add(self, outcome: Outcome) -> None:
+        self.cases += 1
+        self.right += outcome.right_action
+        if outcome.case.node_fault:
+            self.node_faults += 1
+            self.node_blamed += outcome.right_blame
+        elif outcome.blamed:
+            self.false_blames += 1
+            self.app_blamed += outcome.case.fault_domain == "application"
+        wrong_blame = outcome.case.node_fault and not outcome.right_blame
+        if (
+            not outcome.right_action
+            or wrong_blame
+            or (outcome.blamed and not outcome.case.node_fault)
+        ):
+            self.misses.append(outcome)
+
+    @property
+    def accuracy(self) -> float:
+        return self.right / self.cases if self.cases else 0.0
+
+    @property
+    def recall(self) -> float:
+        return self.node_blamed / self.node_faults if self.node_faults else 1.0
+
+    def row(self) -> dict[str, float | int]:
+        return {
+            "cases": self.cases,
+            "accuracy": round(self.accuracy, 3),
+            "node_faults": self.node_faults,
+            "recall": round(self.recall, 3),
+            "app_blamed": self.app_blamed,
+            "false_blames": self.false_blames,
+        }
+
+
+def score(cases: Iterable[Case], *, with_nodes: bool) -> dict[str, Score]:
+    """Scores per area and ``"all"``; with ``with_nodes`` only single-node cases, given n1."""
+    scores: dict[str, Score] = {"all": Score()}
+    for case in cases:
+        if with_nodes and not case.single_node:
+            continue
+        outcome = Outcome(case, explain(case, [ONE_NODE] if with_nodes else None), with_nodes)
+        scores["all"].add(outcome)
+        scores.setdefault(case.area, Score()).add(outcome)
+    return scores
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--misses", action="store_true", help="list every case scored wrong")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--quick", action="store_true", help="same run (it takes seconds)")
+    args = parser.parse_args(argv)
+    try:
+        cases = load_corpus(args.corpus)
+    except CaseError as exc:
+        print(f"bench.attribution: {exc}", file=sys.stderr)
+        return 2
+    figures: dict[str, dict[str, dict[str, float | int]]] = {}
+    header = f"{'run':<14}{'area':<14}{'cases':>6}{'accuracy':>10}{'node faults':>13}"
+    header += f"{'recall':>8}{'app blamed':>12}{'false blames':>14}"
+    print(header)
+    for run, with_nodes in (("bare", False), ("--nodes n1", True)):
+        scores = score(cases, with_nodes=with_nodes)
+        figures[run] = {}
+        for area in sorted(scores, key=lambda a: (a == "all", a)):
+            s = scores[area]
+            figures[run][area] = s.row()
+            print(
+                f"{run:<14}{area:<14}{s.cases:>6}{s.accuracy:>10.2f}{s.node_faults:>13}"
+                f"{s.recall:>8.2f}{s.app_blamed:>12}{s.false_blames:>14}"
+            )
+        if args.misses:
+            for miss in scores["all"].misses:
+                v, c = miss.verdict, miss.case
+                print(
+                    f"  miss {c.name}: want {c.action}"
+                    f"{' (node fault)' if c.node_fault else ''}, got {v.action} "
+                    f"blame={','.join(v.blame_nodes) or '-'} ({v.cause})"
+                )
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
