@@ -18,7 +18,6 @@ all, for both runs:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tomllib
 from collections.abc import Iterable, Sequence
@@ -26,6 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_recovery.signals.logs import LogVerdict, classify, default_catalogue
+
+try:  # python -m bench.attribution, or imported by the tests
+    from bench.report import write_json
+except ImportError:  # python bench/attribution.py (as python -m bench runs it)
+    from report import write_json  # type: ignore[no-redef]
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus"
 ACTIONS = ("requeue_exclude", "requeue", "stop", "none")
@@ -238,8 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{' (node fault)' if c.node_fault else ''}, got {v.action} "
                     f"blame={','.join(v.blame_nodes) or '-'} ({v.cause})"
                 )
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    write_json(args.json, "attribution", figures, args.quick)
     return 0
 
 

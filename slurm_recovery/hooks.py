@@ -506,7 +506,16 @@ def output_offset(path: str | None) -> int | None:
     step opens it (the prolog runs first), so that a requeued attempt appending to the same
     file does not read the previous attempt's lines as its own; 0 when there is no such file
     yet. ``None`` (the sidecar then takes the size when it learns of the job) for a relative
-    path, a path that is not a regular file, or one that cannot be looked at.
+    path, a path that is not a regular file, or one that cannot be looked at."""
+    found = output_stat(path)
+    return None if found is None else found[0]
+
+
+def output_stat(path: str | None) -> tuple[int, float | None] | None:
+    """``(size, modification time)`` of a job's output file before the batch step opens it:
+    the size is where the attempt's output begins when Slurm appends; a modification time
+    that then changes without the file growing tells the sidecar that the attempt truncated
+    it instead (:func:`output_offset`). ``(0, None)`` when there is no such file yet.
 
     The prolog runs as root on a path the job user chose: the file is never opened (a FIFO
     could block, a device could do anything), and a symbolic link is not followed (it could
@@ -516,10 +525,10 @@ def output_offset(path: str | None) -> int | None:
     try:
         info = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
-        return 0
+        return 0, None
     except (OSError, ValueError):  # no permission, a file in its path, a NUL byte
         return None
-    return info.st_size if stat.S_ISREG(info.st_mode) else None
+    return (info.st_size, info.st_mtime) if stat.S_ISREG(info.st_mode) else None
 
 
 def _restart_count(env: Mapping[str, str]) -> int:
@@ -598,9 +607,11 @@ def build_event(
             payload[key] = path
     if hook == "prolog" and node is not None and payload["nodes"][:1] == [node]:
         for key in ("stdout", "stderr"):
-            offset = output_offset(payload.get(key))
-            if offset is not None:
-                payload[f"{key}_offset"] = offset
+            found = output_stat(payload.get(key))
+            if found is not None:
+                payload[f"{key}_offset"] = found[0]
+                if found[1] is not None:
+                    payload[f"{key}_mtime"] = found[1]
     gpus = parse_gpus(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES"))
     if gpus is not None and hook != "epilog_slurmctld":
         payload["gpus"] = gpus

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from slurm_recovery.controller import views
 from slurm_recovery.controller.observe import KIND as SLURM_CHANGE
+from slurm_recovery.decide.attribute import XID_REPEAT_WINDOW
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.store import Advice, AuditRow, EvidenceRecord, Incident, Store
 
@@ -122,6 +123,19 @@ def incident_inputs(store: Store, incident: Incident, with_evidence: bool) -> di
             skip_kinds=REPLAY_SKIP_KINDS,
             limit=MAX_EVIDENCE_PER_INCIDENT + 1,
         )
+        # the day of XIDs before it, as the controller weighed them (repeats on one GPU)
+        seen = {r.id for r in records}
+        for node in sorted(nodes):
+            records += [
+                r
+                for r in store.evidence_by_kinds(
+                    ("xid",),
+                    node=node,
+                    since=max(0.0, detected - XID_REPEAT_WINDOW),
+                    until=max(0.0, detected - EVIDENCE_HORIZON),
+                )
+                if r.id not in seen and r.received_at <= detected
+            ]
         out["evidence"] = [evidence_json(r) for r in records[:MAX_EVIDENCE_PER_INCIDENT]]
         out["evidence_truncated"] = len(records) > MAX_EVIDENCE_PER_INCIDENT
     return out

@@ -23,7 +23,7 @@ from slurm_recovery import hostlist
 from slurm_recovery.controller.observe import observe
 from slurm_recovery.controller.wire import parse_event
 from slurm_recovery.decide.advise import advise, after_drains
-from slurm_recovery.decide.attribute import attribute
+from slurm_recovery.decide.attribute import XID_REPEAT_WINDOW, attribute
 from slurm_recovery.decide.catalogue import XidCatalogue
 from slurm_recovery.decide.detect import detect
 from slurm_recovery.decide.hang import hang_incidents
@@ -88,6 +88,23 @@ def core_evidence(record: EvidenceRecord) -> CoreEvidence:
         job_id=e.job_id,
         payload=e.payload,
     )
+
+
+def xid_history(
+    store: Store, nodes: Iterable[str], failed_at: float, have: Iterable[CoreEvidence] = ()
+) -> list[CoreEvidence]:
+    """The XIDs the nodes logged in the day before ``failed_at`` that ``have`` lacks: repeats
+    of one XID on one GPU implicate its node (``policy.xid_repeats``). One indexed query per
+    node."""
+    known = {ev.id for ev in have}
+    found: list[CoreEvidence] = []
+    for node in sorted(set(nodes)):
+        for record in store.evidence_by_kinds(
+            ("xid",), node=node, since=failed_at - XID_REPEAT_WINDOW, until=failed_at
+        ):
+            if record.id not in known:
+                found.append(core_evidence(record))
+    return found
 
 
 def verdict_json(verdict: Verdict) -> dict[str, Any]:
@@ -531,14 +548,17 @@ class Reconciler:
         attempt = self.store.resolve_attempt(
             JobAttempt(self.cluster, job.job_id, job.submit_time, job.restart_count), seen_at=now
         )
-        verdict = attribute(found, job, evidence, self.catalogue, self.policy, view.nodes)
+        with_repeats = evidence + xid_history(self.store, job.nodes, found.failed_at, evidence)
+        verdict = attribute(found, job, with_repeats, self.catalogue, self.policy, view.nodes)
         attributed = self.clock()
         history = self.store.list_incidents(history_id=attempt.history_id)
-        restarts = sum(
-            1
+        restarted = [
+            past
             for past in history
             if (past.outcome or "").startswith("restarted") or self._restarted(past, job)
-        )
+        ]
+        restarts = len(restarted)
+        previous_cause = self._cause_of(max(restarted, key=lambda i: i.id)) if restarted else None
         advice = advise(
             found,
             verdict,
@@ -547,6 +567,7 @@ class Reconciler:
             view,
             restarts,
             tool_excluded=self._tool_exclusions(history),
+            previous_cause=previous_cause,
         )
         advised = self.clock()
         details = {
@@ -555,6 +576,7 @@ class Reconciler:
             "exclude": sorted(advice.exclude),
             "unexclude": sorted(advice.unexclude),
             "restarts": restarts,
+            "previous_cause": previous_cause,
             "drain": sorted(advice.drain),
             "needs_operator": advice.needs_operator,
             "verdict": verdict_json(verdict),
@@ -616,6 +638,12 @@ class Reconciler:
             if advice.needs_operator:
                 self.metrics.needs_operator.labels(advice.rule).inc()
         return advice.drain if advice.mode is Mode.ACT else frozenset()
+
+    def _cause_of(self, incident: Incident) -> str | None:
+        """The cause its advice gave an earlier incident (what a repeat is compared with)."""
+        advice = self.store.latest_advice(incident.id)
+        cause = advice.verdict.get("verdict", {}).get("cause") if advice is not None else None
+        return cause if isinstance(cause, str) and cause else None
 
     def _tool_exclusions(self, history: Iterable[Incident]) -> frozenset[str]:
         """The nodes the tool excluded from this job (every attempt), less the user's own

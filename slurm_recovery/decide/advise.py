@@ -12,6 +12,8 @@ the one that decided):
 2. ``classes.<class>.action`` when it is ``stop`` or ``none`` (an application fault -> stop).
 2a. ``interactive_jobs``: an interactive job (srun/salloc), which Slurm cannot requeue -> none
    (``leave``: it ends on its own) or stop (``cancel``); its nodes are still drained.
+3. ``stop_on_same_failure``: the job the tool restarted failed again with the same cause, no
+   node implicated -> stop (the application's; a restart would fail the same way).
 3. ``max_restarts``: the tool already restarted this job that many times -> stop.
 4. ``max_excluded_nodes``: excluding the implicated nodes would leave the job with more excluded
    nodes than allowed -> stop, needs an operator.
@@ -28,6 +30,7 @@ everyone.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -55,12 +58,14 @@ def advise(
     view: ClusterView,
     restarts_so_far: int,
     tool_excluded: frozenset[str] = frozenset(),
+    previous_cause: str | None = None,
 ) -> Advice:
     """The advice for ``incident``. ``restarts_so_far``: restarts the tool already made for this
     job (over its whole history; the controller counts them, Slurm does not).
     ``tool_excluded``: the nodes the tool itself excluded from this job earlier; those repaired
     since (Slurm shows them in service) are dropped from the next attempt, and the cap counts
-    only the tool's exclusions still in force (the user's own ``--exclude`` never counts)."""
+    only the tool's exclusions still in force (the user's own ``--exclude`` never counts).
+    ``previous_cause``: the cause of the incident the tool restarted this job after, if any."""
     mode = policy.mode_for(job.partition)
     class_policy = policy.for_class(verdict.fault_class)
     class_rule = f"classes.{verdict.fault_class}.action"
@@ -108,6 +113,12 @@ def advise(
     elif not job.requeueable:
         action, rule = Action.STOP, "job.no_requeue"
         what = f"{cause}: stop (the job was submitted with --no-requeue)"
+    elif policy.stop_on_same_failure and same_failure(verdict, previous_cause, restarts_so_far):
+        action, rule = Action.STOP, "stop_on_same_failure"
+        what = (
+            f"{cause}: stop: the same failure as before the last restart (no node implicated: "
+            "it follows the application, and a restart would fail the same way)"
+        )
     elif restarts_so_far >= policy.max_restarts:
         action, rule = Action.STOP, "max_restarts"
         what = (
@@ -164,6 +175,24 @@ def advise(
         drain=drains.drain,
         needs_operator=needs_operator,
         verdict=verdict,
+    )
+
+
+_HANG_TIMES = re.compile(r"no progress for [^()]{1,40}\(deadline [^()]{1,40}\)")
+
+
+def same_failure(verdict: Verdict, previous_cause: str | None, restarts_so_far: int) -> bool:
+    """Whether a restarted job failed again the same way: the same cause, with no node
+    implicated, read from evidence (log lines, a hang at the same step: how long it had been
+    quiet does not count). A node-side cause never repeats in this sense (its node was
+    excluded; a fault on another node is a new one), nor does "no evidence of the cause"."""
+    if restarts_so_far <= 0 or not previous_cause or verdict.nodes:
+        return False
+    if verdict.fault_class is not FaultClass.UNKNOWN:
+        return False
+    said = bool(verdict.evidence_ids) or "; last step " in verdict.cause
+    return said and _HANG_TIMES.sub("no progress", verdict.cause) == _HANG_TIMES.sub(
+        "no progress", previous_cause
     )
 
 

@@ -81,6 +81,11 @@ NODE_LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 DOWN_STATES = frozenset({"DOWN", "FAIL", "FAILING"})
 DOWN_FLAGS = frozenset({"NOT_RESPONDING", "FAIL"})
 
+#: How far back repeats of an XID on one GPU count (``policy.xid_repeats``), and the gap that
+#: separates two episodes (a crash logs its XID on every channel within seconds: one episode).
+XID_REPEAT_WINDOW = 86400.0
+XID_EPISODE_GAP = 600.0
+
 _MAX_CAUSES = 2  # distinct causes spelled out in Verdict.cause; the rest are counted
 
 
@@ -158,6 +163,7 @@ def attribute(
             code = xid_code(ev.payload)
             if code is not None:
                 codes.setdefault(ev.node, []).append(code)
+    repeats = xid_repeats(evidence, incident.failed_at, high) if policy.xid_repeats else {}
     for ev in sorted(evidence, key=lambda e: (e.observed_at, e.id)):
         if not low <= ev.observed_at <= high or ev.id in ended:
             continue
@@ -168,7 +174,8 @@ def attribute(
         mine = ev.job_id == job.job_id and in_attempt(ev, job)
         if ev.kind == "job_end" and mine:
             job_end_ids.append(ev.id)
-        found = _finding(ev, on_node, mine, lost, job, catalogue, codes.get(ev.node, ()))
+        repeated = _repeated_on_one_gpu(ev, repeats, evidence, low, high, policy.xid_repeats)
+        found = _finding(ev, on_node, mine, lost, job, catalogue, codes.get(ev.node, ()), repeated)
         if found is not None:
             findings.append(found)
     log_low = job.start_time - START_SLACK if incident.kind is IncidentKind.HANG else low
@@ -197,6 +204,61 @@ def attribute(
     return _unknown(job, incident, findings, ends, policy)
 
 
+def xid_repeats(
+    evidence: Iterable[Evidence], failed_at: float, until: float
+) -> dict[tuple[str, int | None, int], int]:
+    """(node, GPU, XID) -> separate episodes of that XID on that GPU in the day before
+    ``failed_at`` (to ``until``): occurrences at least :data:`XID_EPISODE_GAP` apart, across
+    jobs and reboots. The controller passes a day of the job's nodes' XIDs for this."""
+    times: dict[tuple[str, int | None, int], list[float]] = {}
+    for ev in evidence:
+        if ev.kind != "xid" or ev.node is None:
+            continue
+        if not failed_at - XID_REPEAT_WINDOW <= ev.observed_at <= until:
+            continue
+        code = xid_code(ev.payload)
+        if code is not None:
+            times.setdefault((ev.node, ev.gpu, code), []).append(ev.observed_at)
+    episodes = {}
+    for key, seen in times.items():
+        seen.sort()
+        count, last = 0, None
+        for at in seen:
+            if last is None or at - last >= XID_EPISODE_GAP:
+                count += 1
+            last = at
+        episodes[key] = count
+    return episodes
+
+
+def _repeated_on_one_gpu(
+    ev: Evidence,
+    repeats: Mapping[tuple[str, int | None, int], int],
+    evidence: Sequence[Evidence],
+    low: float,
+    high: float,
+    threshold: int,
+) -> int:
+    """How many episodes of ``ev``'s XID its GPU logged, when at least ``threshold`` and no
+    other GPU logged that XID in the incident's window (an application bug hits every GPU it
+    runs on); else 0."""
+    if ev.kind != "xid" or ev.node is None or threshold <= 0:
+        return 0
+    code = xid_code(ev.payload)
+    count = repeats.get((ev.node, ev.gpu, code), 0) if code is not None else 0
+    if count < threshold:
+        return 0
+    for other in evidence:
+        if (
+            other.kind == "xid"
+            and low <= other.observed_at <= high
+            and (other.node, other.gpu) != (ev.node, ev.gpu)
+            and xid_code(other.payload) == code
+        ):
+            return 0
+    return count
+
+
 def _finding(
     ev: Evidence,
     on_node: bool,
@@ -205,6 +267,7 @@ def _finding(
     job: Job,
     catalogue: XidCatalogue,
     node_xids: Iterable[int] = (),
+    repeated: int = 0,
 ) -> _Finding | None:
     where = f"{ev.node}" + (f" gpu{ev.gpu}" if ev.gpu is not None else "")
     if ev.kind == "xid":
@@ -214,6 +277,14 @@ def _finding(
         info = catalogue.assess(code, str(ev.payload.get("message", "")))
         if is_knock_on(info, node_xids):
             return _Finding(FaultClass.UNKNOWN, False, 0.0, f"{info.label} on {where}", ev.id)
+        if repeated and on_node and not info.blames_node:
+            text = (
+                f"{info.label} on {where} {repeated} times in 24 h while the job's other GPUs "
+                "ran clean (the GPU, not the program)"
+            )
+            return _Finding(
+                FaultClass.HARDWARE, False, WEAK_HARDWARE_XID, text, ev.id, ev.node, ev.gpu
+            )
         if info.fault_class is FaultClass.APPLICATION:
             # An application XID names a GPU, never a culprit node; another job's is not ours.
             if on_node and (ev.job_id is None or ev.job_id == job.job_id):

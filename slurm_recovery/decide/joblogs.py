@@ -67,8 +67,11 @@ def rank_layout(lines: Sequence[Evidence], job_nodes: Sequence[str]) -> dict[int
 
 
 def line_nodes(lines: Sequence[Evidence], job_nodes: Sequence[str]) -> dict[int, str]:
-    """Evidence id -> the job node a log line is about: the host it names (a job node), else
-    its rank's node (:func:`rank_layout`). Lines about no job node are left out."""
+    """Evidence id -> the job node a log line is about: with a one-node job, that node (as
+    :func:`~slurm_recovery.signals.logs.classify` reads it); else the host it names (a job
+    node), else its rank's node (:func:`rank_layout`). Lines about no job node are left out."""
+    if len(job_nodes) == 1:
+        return {ev.id: job_nodes[0] for ev in lines}
     layout = rank_layout(lines, job_nodes)
     short = {node.split(".", 1)[0]: node for node in job_nodes}
     about = {}

@@ -129,6 +129,11 @@ class Policy:
     partition_modes: Mapping[str, Mode] = field(default_factory=_no_partitions)
     max_restarts: int = 3
     max_excluded_nodes: int = 2
+    #: a restarted job that fails again with the same cause, no node implicated, is stopped
+    stop_on_same_failure: bool = True
+    #: an application or contained XID logged this many times on one GPU in a day implicates
+    #: the GPU's node (0: never)
+    xid_repeats: int = 3
     do_not_requeue_exit_codes: frozenset[int] = frozenset({93})
     #: an interactive (srun/salloc) job that needs a restart, which Slurm cannot requeue:
     #: "leave" it to end on its own, or "cancel" it
@@ -194,6 +199,21 @@ KEYS: tuple[Key, ...] = (
         2,
         "Most nodes one job may have excluded (its existing ExcNodeList included). A restart "
         "that would exclude more stops the job and asks for an operator.",
+    ),
+    Key(
+        "stop_on_same_failure",
+        "true or false",
+        True,
+        "true: a job the tool restarted that fails again with the same cause, and no node "
+        "implicated, is stopped: the application's fault, a restart would fail the same way.",
+    ),
+    Key(
+        "xid_repeats",
+        "whole number, 0 or more",
+        3,
+        "An application or contained XID (13, 31, 94...) logged on one GPU in this many separate "
+        "episodes within 24 hours, while the job's other GPUs ran clean, implicates the GPU's "
+        "node (a weak hardware finding). 0 = never.",
     ),
     Key(
         "do_not_requeue_exit_codes",
@@ -387,6 +407,8 @@ _TOP_LEVEL = (
     "mode",
     "max_restarts",
     "max_excluded_nodes",
+    "stop_on_same_failure",
+    "xid_repeats",
     "do_not_requeue_exit_codes",
     "interactive_jobs",
 )
@@ -523,6 +545,8 @@ _VALIDATORS: Mapping[str, Validator] = MappingProxyType(
         "mode": _mode,
         "max_restarts": _count,
         "max_excluded_nodes": _count,
+        "stop_on_same_failure": _bool,
+        "xid_repeats": _count,
         "do_not_requeue_exit_codes": _exit_codes,
         "interactive_jobs": _choice("leave", "cancel"),
         "action": _action,
@@ -665,6 +689,8 @@ def policy_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Policy:
         partition_modes=MappingProxyType(dict(sorted(partitions.items()))),
         max_restarts=top.get("max_restarts", Policy.max_restarts),
         max_excluded_nodes=top.get("max_excluded_nodes", Policy.max_excluded_nodes),
+        stop_on_same_failure=top.get("stop_on_same_failure", Policy.stop_on_same_failure),
+        xid_repeats=top.get("xid_repeats", Policy.xid_repeats),
         do_not_requeue_exit_codes=top.get(
             "do_not_requeue_exit_codes", Policy.do_not_requeue_exit_codes
         ),

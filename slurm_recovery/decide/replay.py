@@ -104,6 +104,8 @@ class Case:
     recorded_verdict: Verdict | None = None
     #: what was reconstructed rather than recorded, in words
     approximate: tuple[str, ...] = ()
+    #: the cause of the incident the job was restarted after (``stop_on_same_failure``)
+    previous_cause: str | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,7 @@ def replay_case(case: Case, policy: Policy, catalogue: XidCatalogue) -> Outcome:
         policy_for_job(policy, own),
         case.view,
         case.restarts_before,
+        previous_cause=case.previous_cause,
     )
     now = recorded_of(new)
     changed = tuple(name for name in FIELDS if now.value(name) != case.recorded.value(name))
@@ -407,7 +410,12 @@ def case_from_json(
         recorded=_recorded(advice),
         recorded_verdict=recorded_verdict,
         approximate=tuple(approximate),
+        previous_cause=_text_or_none(advice.get("previous_cause")),
     )
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _restarts(advice: Mapping[str, Any], item: Mapping[str, Any]) -> int:

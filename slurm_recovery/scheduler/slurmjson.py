@@ -334,13 +334,15 @@ def gpu_indices(detail: str) -> frozenset[int] | None:
 def job_gpus(nodes: tuple[str, ...], detail: Any, r: _Record) -> dict[str, frozenset[int]] | None:
     """node -> GPU indices from ``gres_detail`` (one string per allocated node, in node
     order; ``[]`` for a job without GRES). None when Slurm does not say (absent, or not one
-    string per node: then every GPU of the job's nodes may be its)."""
+    string per node: then every GPU of the job's nodes may be its). A finished job's
+    ``gres_detail`` is empty although it held GPUs: when it asked for GPUs (``tres_per_*``),
+    no indices means "no longer shown", not "held none"."""
     if detail is None:
         return None
     if not isinstance(detail, list) or not all(isinstance(d, str | None) for d in detail):
         raise r._bad("gres_detail", detail, "a list of strings")
     if not detail:
-        return {}
+        return None if _asked_for_gpus(r) else {}
     if len(detail) != len(nodes):
         return None
     held: dict[str, frozenset[int]] = {}
@@ -350,7 +352,19 @@ def job_gpus(nodes: tuple[str, ...], detail: Any, r: _Record) -> dict[str, froze
             return None
         if indices:
             held[node] = indices
+    if not held and _asked_for_gpus(r):
+        return None
     return held
+
+
+def _asked_for_gpus(r: _Record) -> bool:
+    """Whether the job asked for GPUs (``--gpus*``, ``--gres=gpu``: ``tres_per_*`` name
+    ``gres/gpu``)."""
+    for key in ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket"):
+        value = r.get(key, False)
+        if isinstance(value, str) and "gpu" in value:
+            return True
+    return False
 
 
 def gpu_count(gres: str) -> int:

@@ -871,12 +871,20 @@ def classify(
                 sources=sources,
             )
         root = failing[0][1]
+        cause = f"only symptoms of a failure elsewhere ({root.label}); no root cause in the log"
+        quiet = _quiet_ranks([m for m, _, _ in knock_on])
+        if quiet:
+            names = ", ".join(str(r) for r in quiet)
+            cause += (
+                f"; rank{'s' if len(quiet) > 1 else ''} {names} did not time out: stopped first "
+                "(its node, or a code path of its own)"
+            )
         return LogVerdict(
             category=root.category,
             fault_domain="unknown",
             action="requeue",
             signatures=lines,
-            cause=f"only symptoms of a failure elsewhere ({root.label}); no root cause in the log",
+            cause=cause,
             sources=sources,
         )
     decisive = [a for a in primary if a[1].decisive and a[1].fault_class in ("hardware", "system")]
@@ -1011,6 +1019,22 @@ def _collective_mistake(symptoms: Sequence[Match]) -> str | None:
             "raise the timeout or save asynchronously"
         )
     return None
+
+
+def _quiet_ranks(symptoms: Sequence[Match]) -> list[int]:
+    """The ranks missing from an otherwise complete run of ranks that timed out in a
+    collective (0-3 and 5-7 did, 4 did not): the one that stopped first, which the others
+    waited for. Empty when the timeouts do not say (one rank, or too many missing). Named in
+    the verdict's cause, never blamed: a quiet rank alone does not say whose fault it was."""
+    timed = {
+        m.rank
+        for m in symptoms
+        if m.signature_id == "torch.nccl_watchdog_timeout" and m.rank is not None
+    }
+    if len(timed) < 2:
+        return []
+    missing = sorted(set(range(max(timed) + 1)) - timed)
+    return missing if 0 < len(missing) <= max(1, (max(timed) + 1) // 4) else []
 
 
 def _escalate_repeats(

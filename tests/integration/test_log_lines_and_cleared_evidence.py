@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -31,26 +32,31 @@ pytestmark = pytest.mark.cluster
 LINE = "expected error seen: an illegal memory access was encountered -> PASS"
 
 
-@pytest.fixture(scope="module")
-def stack():
+def act_stack(prefix: str, start: int, policy_extra: str) -> Iterator[devstack.DevStack]:
+    """A whole dev stack in act mode (4 nodes, a sidecar each) for one test module."""
     if os.geteuid() != 0:
         pytest.fail("the integration tests start slurmd and munged: run them as root")
-    base = Path(tempfile.mkdtemp(prefix="srecovery-loglines-"))
+    base = Path(tempfile.mkdtemp(prefix=prefix))
     base.chmod(0o755)
-    port = _free_port_block(7, start=34500)
+    port = _free_port_block(7, start=start)
     stack = devstack.up(
         base,
         nodes=4,
         mode="act",
         port_base=port,
         api_port=port + 6,
-        policy_extra="max_restarts = 0\n",
+        policy_extra=policy_extra,
         slurm=os.environ.get("SRECOVERY_SLURM", "default"),
     )
     try:
         yield stack
     finally:
         devstack.down(base)
+
+
+@pytest.fixture(scope="module")
+def stack():
+    yield from act_stack("srecovery-loglines-", 34500, "max_restarts = 0\n")
 
 
 @pytest.fixture

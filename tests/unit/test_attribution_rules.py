@@ -326,6 +326,13 @@ def test_consistent_timeouts_deep_in_training_are_requeued_and_blame_no_one() ->
     assert groups.action == "requeue"
 
 
+def test_the_rank_that_did_not_time_out_is_named_but_not_blamed() -> None:
+    got = verdict([watchdog(r, 5000) for r in (0, 1, 2, 3, 5, 6, 7)], nodes=["n1", "n2"])
+    assert (got.action, got.blame_nodes) == ("requeue", [])
+    assert "rank 4 did not time out" in got.cause
+    assert "did not time out" not in verdict([watchdog(0, 5000)]).cause
+
+
 def test_a_hardware_line_beats_the_timeouts_it_caused() -> None:
     got = verdict(
         [watchdog(0, 5000), f"Nov 29 13:45:01 n2 kernel: {XID_79}", watchdog(1, 5000)],

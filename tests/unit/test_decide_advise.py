@@ -79,6 +79,7 @@ def decide(
     restarts=0,
     kind=IncidentKind.CRASH,
     tool_excluded=frozenset(),
+    previous_cause=None,
 ):
     return advise(
         crash(kind),
@@ -88,6 +89,7 @@ def decide(
         view or cluster(),
         restarts,
         tool_excluded=frozenset(tool_excluded),
+        previous_cause=previous_cause,
     )
 
 
@@ -401,3 +403,52 @@ def test_a_job_pinned_to_the_bad_node_needs_an_operator():
     assert "may run only on n[1-2] (--nodelist), which includes n2" in advice.reason
     pinned_elsewhere = decide(hardware("n2"), the_job=job(required_nodes=frozenset({"n1"})))
     assert pinned_elsewhere.action is Action.REQUEUE_EXCLUDE
+
+
+# --------------------------------------------------------------------------------- repeats
+
+TIMEOUTS = (
+    "log: only symptoms of a failure elsewhere (torch.nccl_watchdog_timeout); no root cause in "
+    "the log"
+)
+
+
+def unknown(cause=TIMEOUTS, evidence_ids=(7,)):
+    return Verdict(FaultClass.UNKNOWN, confidence=0.0, evidence_ids=evidence_ids, cause=cause)
+
+
+def test_the_same_failure_after_a_restart_stops_instead_of_burning_restarts():
+    advice = decide(unknown(), restarts=1, previous_cause=TIMEOUTS)
+    assert (advice.action, advice.rule) == (Action.STOP, "stop_on_same_failure")
+    assert "the same failure as before the last restart" in advice.reason
+
+
+def test_a_first_failure_another_cause_or_the_policy_off_restarts_as_before():
+    assert decide(unknown(), restarts=0, previous_cause=TIMEOUTS).action is Action.REQUEUE
+    other = decide(unknown(), restarts=1, previous_cause="log: python.network_exception")
+    assert other.action is Action.REQUEUE
+    off = dataclasses.replace(WIDE, stop_on_same_failure=False)
+    assert decide(unknown(), policy=off, restarts=1, previous_cause=TIMEOUTS).action is (
+        Action.REQUEUE
+    )
+    # a cause read from no evidence at all (the job just ended FAILED) is not "the same failure"
+    bare = unknown("no evidence of the cause (job ended FAILED, exit 1:0)", evidence_ids=())
+    assert decide(bare, restarts=1, previous_cause=bare.cause).action is Action.REQUEUE
+
+
+def test_a_node_fault_that_repeats_is_a_new_fault_on_another_node():
+    verdict = hardware("n2")
+    advice = decide(verdict, restarts=1, previous_cause=verdict.cause)
+    assert advice.action is Action.REQUEUE_EXCLUDE
+
+
+def test_a_hang_at_the_same_step_after_a_restart_is_the_same_failure():
+    before = "no progress for 612 s (deadline 600 s); last step 1200; stopped first: rank 3"
+    now = "no progress for 640 s (deadline 600 s); last step 1200; stopped first: rank 3"
+    hang = Verdict(FaultClass.UNKNOWN, cause=now)
+    advice = decide(hang, kind=IncidentKind.HANG, restarts=1, previous_cause=before)
+    assert advice.rule == "stop_on_same_failure"
+    later_step = before.replace("1200", "900")
+    assert decide(hang, kind=IncidentKind.HANG, restarts=1, previous_cause=later_step).rule != (
+        "stop_on_same_failure"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -370,3 +371,31 @@ def test_xid_45_after_another_xid_on_the_node_is_a_knock_on_and_45_alone_is_node
 def test_an_ignore_xid_is_no_finding_against_the_node():
     for code in (63, 92):
         assert verdict([xid(5, code)]).nodes == frozenset(), code
+
+
+# --------------------------------------------------------------------------------- repeats
+
+
+def test_an_application_xid_repeating_on_one_gpu_across_jobs_implicates_its_node():
+    day = [xid(100 + i, 13, at=FAILED_AT - 3600 * (i + 2), job_id=900 + i) for i in range(2)]
+    v = verdict([*day, xid(5, 13)])
+    assert v.fault_class is FaultClass.HARDWARE and v.nodes == {"n2"}
+    assert v.confidence == attribution.WEAK_HARDWARE_XID
+    assert "3 times in 24 h" in v.cause
+
+
+def test_repeats_within_one_episode_or_on_every_gpu_or_too_old_stay_the_programs():
+    burst = [xid(100 + i, 13, at=FAILED_AT - 30 - i) for i in range(5)]  # one crash, five lines
+    assert verdict(burst).fault_class is FaultClass.APPLICATION
+    day = [xid(100 + i, 13, at=FAILED_AT - 3600 * (i + 2)) for i in range(2)]
+    # the same XID on another GPU of the job in this incident: the program hits every GPU
+    both = verdict([*day, xid(5, 13), xid(6, 13, gpu=2)])
+    assert both.fault_class is FaultClass.APPLICATION
+    old = [xid(100 + i, 13, at=FAILED_AT - 86400 - 3600 * (i + 1)) for i in range(2)]
+    assert verdict([*old, xid(5, 13)]).fault_class is FaultClass.APPLICATION
+
+
+def test_xid_repeats_zero_turns_the_rule_off():
+    day = [xid(100 + i, 13, at=FAILED_AT - 3600 * (i + 2)) for i in range(3)]
+    off = dataclasses.replace(POLICY, xid_repeats=0)
+    assert verdict([*day, xid(5, 13)], policy=off).fault_class is FaultClass.APPLICATION

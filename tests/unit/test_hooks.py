@@ -320,6 +320,7 @@ def test_prolog_on_the_batch_node_records_where_the_attempts_output_begins(tmp_p
     payload = hooks.build_event("prolog", env, NOW, node="n1")["payload"]
     assert payload["stdout"] == f"{tmp_path}/train-41.out"
     assert payload["stdout_offset"] == len(b"attempt 0\n[rank1]: KeyError: 'sample_20'\n")
+    assert payload["stdout_mtime"] == os.stat(payload["stdout"]).st_mtime  # to tell truncation
     assert payload["stderr"] == f"{tmp_path}/train-41.err"
     assert payload["stderr_offset"] == 0  # no such file yet: the attempt's output is all of it
     # the other nodes' prologs and the epilogs do not look at the files

@@ -250,6 +250,34 @@ def test_a_file_smaller_than_its_offset_was_truncated_and_is_read_from_the_start
     assert (sig["signature"], sig["line_no"]) == ("cuda.illegal_memory_access", 1)
 
 
+def test_an_attempt_that_rewrote_the_same_lines_into_a_truncated_file_is_read(tmp_path):
+    """Slurm's default open mode truncates the file for a requeued attempt; one that fails the
+    same way writes the same bytes, so the file is as long as the prolog saw it. Its changed
+    modification time gives it away; a file opened to append, and not written, keeps it."""
+    out = tmp_path / "o.out"
+    out.write_text(ERROR)
+    before = os.stat(out)
+    appended = JobLogSource("n1")  # --open-mode=append: the attempt has written nothing yet
+    start_attempt(
+        appended,
+        {"stdout": str(out), "stdout_offset": before.st_size, "stdout_mtime": before.st_mtime},
+    )
+    assert signatures(appended.poll(1.0)) == []
+    out.write_text(ERROR)  # truncated and written again
+    later = before.st_mtime + 5
+    os.utime(out, (later, later))
+    source = JobLogSource("n1")
+    start_attempt(
+        source,
+        {"stdout": str(out), "stdout_offset": before.st_size, "stdout_mtime": before.st_mtime},
+    )
+    (sig,) = signatures(source.poll(1.0))
+    assert (sig["signature"], sig["line_no"]) == ("cuda.illegal_memory_access", 1)
+    # the follower of the untouched file did not take it as rewritten later either
+    os.utime(out, (before.st_mtime, before.st_mtime))
+    assert signatures(appended.poll(2.0)) == []
+
+
 def test_end_and_next_start_in_one_batch_split_the_file_between_the_attempts(tmp_path):
     """The epilog of attempt 0 and the prolog of attempt 1 reach the sidecar together (it was
     busy, or restarted): attempt 0 is finished up to where attempt 1's output begins, and

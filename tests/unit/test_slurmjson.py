@@ -307,6 +307,17 @@ def test_without_gres_detail_slurm_does_not_say():
         job_from_json(_job(gres_detail="gpu:1(IDX:0)"))
 
 
+def test_a_finished_job_that_asked_for_gpus_no_longer_says_which():
+    """A FAILED job's ``gres_detail`` is ``[]`` although it held GPUs (seen on 22.05):
+    with ``tres_per_node = gres/gpu:1`` that means unknown, not "held none", or a GPU-scoped
+    XID that killed it would be ignored when its crash is attributed."""
+    finished = job_from_json(_job(gres_detail=[], tres_per_node="gres/gpu:1", nodes="n1"))
+    assert finished.gpus is None
+    two = job_from_json(_job(gres_detail=[""], tres_per_job="gres/gpu:2", nodes="n1"))
+    assert two.gpus is None
+    assert job_from_json(_job(gres_detail=[], tres_per_node="", nodes="n1")).gpus == {}
+
+
 @pytest.mark.parametrize(
     ("detail", "indices"),
     [

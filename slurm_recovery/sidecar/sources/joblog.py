@@ -9,7 +9,9 @@ must not read the previous attempt's lines as its own. Without those keys (an ol
 file the prolog would not stat) the follower starts at the file's size when it learns of the
 job, which misses whatever the job wrote before that (see :func:`_start_offset`). A file
 smaller than its offset was truncated (a requeued attempt in truncate mode) and is read from
-the start:
+the start, and so is one modified since the prolog looked at it (``stdout_mtime``) that did not
+grow past the offset: the attempt truncated it and wrote the same bytes again
+(:meth:`_Stream.rewritten`):
 
 - recognised training progress becomes ``progress`` evidence (the latest step per rank, at
   most every ``PROGRESS_EVERY`` seconds per job);
@@ -94,6 +96,26 @@ class _Stream:
     #: where the next attempt's output begins in this file, once it has started: the end of
     #: this attempt's output
     stop: int | None = None
+    #: where this attempt's output began and the file's modification time then (the prolog's
+    #: ``stdout_offset`` and ``stdout_mtime``)
+    began: int = 0
+    began_mtime: float | None = None
+
+    def rewritten(self, size: int, mtime: float) -> bool:
+        """Whether a requeued attempt truncated the file (Slurm's default open mode): it is
+        smaller than where this attempt's output was to begin, or, before anything was read,
+        it was modified since the prolog looked at it without growing past that point.
+        Opening a file to append leaves its modification time alone; truncating it and writing
+        the same lines again (the same failure) leaves its size where it was. Both times come
+        from the file system's clock, so a file server's clock skew does not matter."""
+        if size < self.offset:
+            return True
+        return (
+            self.began_mtime is not None
+            and 0 < self.began == self.offset
+            and size <= self.offset
+            and mtime != self.began_mtime
+        )
 
 
 @dataclass
@@ -293,10 +315,11 @@ class JobLogSource:
         END_READ_LIMIT bytes of it when more is left), the last line too; up to where the next
         attempt's output begins, when one has started."""
         try:
-            size = os.stat(stream.path).st_size
+            info = os.stat(stream.path)
+            size, mtime = info.st_size, info.st_mtime
         except OSError:
-            size = stream.offset
-        if size < stream.offset:  # truncated (a requeued attempt rewrote it)
+            size, mtime = stream.offset, 0.0
+        if stream.rewritten(size, mtime):  # truncated (a requeued attempt rewrote it)
             if stream.stop is not None:  # by the next attempt: what is there is not ours
                 size = stream.offset
             else:
@@ -345,7 +368,7 @@ class JobLogSource:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 return b""
-            if info.st_size < stream.offset:  # truncated (a requeued attempt rewrote it)
+            if stream.rewritten(info.st_size, info.st_mtime):  # a requeued attempt rewrote it
                 if stream.stop is not None:
                     return b""  # by the next attempt: nothing more of this one
                 stream.offset, stream.partial, stream.lines = 0, b"", 0
@@ -443,7 +466,9 @@ def _streams(payload: dict[str, Any]) -> list[_Stream]:
         if any(_same_file(s.path, path) for s in streams):
             continue  # both streams go to one file: follow it once
         offset = _start_offset(path, payload.get(f"{name}_offset"))
-        streams.append(_Stream(name, path, offset=offset))
+        mtime = payload.get(f"{name}_mtime")
+        known = mtime if type(mtime) in (int, float) else None
+        streams.append(_Stream(name, path, offset=offset, began=offset, began_mtime=known))
     return streams
 
 
