@@ -20,7 +20,7 @@ from slurm_recovery.scheduler import (
     Unreachable,
     pyslurm_backend,
 )
-from slurm_recovery.scheduler.base import earliest_restart
+from slurm_recovery.scheduler.base import Node, earliest_restart
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from tests.conftest import NODES, wait_for
 
@@ -101,7 +101,10 @@ def test_requeue_hold_exclude_begin_now_release_runs_elsewhere(scheduler: Schedu
 
     assert scheduler.add_excluded_nodes(job_id, [bad]) == {bad}
     # Slurm replaces ExcNodeList on update; the backend must merge.
-    other = next(n for n in (f"n{i}" for i in range(1, NODES + 1)) if n not in first.nodes)
+    # of the two nodes the job did not run on, exclude one an earlier test's job may still hold
+    # (or a drained one), so that the other stays free for the restart
+    spare = [n for n in (f"n{i}" for i in range(1, NODES + 1)) if n not in first.nodes]
+    other = next((n for n in spare if not _free(scheduler.get_node(n))), spare[0])
     merged = scheduler.add_excluded_nodes(job_id, [other])
     assert merged == {bad, other}
     assert scheduler.get_job(job_id).excluded_nodes == {bad, other}
@@ -120,6 +123,11 @@ def test_requeue_hold_exclude_begin_now_release_runs_elsewhere(scheduler: Schedu
     assert not set(again.nodes) & {bad, other}
     assert again.restart_count == 1
     assert not again.held
+
+
+def _free(node: Node) -> bool:
+    """Idle and in service: a job can start there now."""
+    return node.state == "IDLE" and not node.drained and "COMPLETING" not in node.flags
 
 
 def test_exclusions_refused_on_a_running_job(scheduler: Scheduler, submit):
