@@ -116,13 +116,32 @@ def test_requeue_hold_exclude_begin_now_release_runs_elsewhere(scheduler: Schedu
     earliest = earliest_restart(requeued_at)
     scheduler.set_begin_now(job_id, at=earliest)
     assert scheduler.get_job(job_id).begin_time <= max(earliest, time.time()) + 1
+    # Released before its begin time has come, the job waits for Slurm's next scheduling pass
+    # (the backfill's, up to 30 s): seen in CI, where the release came 0.4 s early. Release
+    # once the begin time is here, so the job starts on the release's own scheduling attempt.
+    time.sleep(max(0.0, earliest - time.time()))
     released_at = time.monotonic()
     scheduler.release(job_id)
-    again = wait_for(lambda: running(scheduler, job_id), timeout=20)
+    try:
+        again = wait_for(lambda: running(scheduler, job_id), timeout=20)
+    except pytest.fail.Exception:
+        print(_cluster_state(scheduler, job_id))  # what held it: shown with the failure
+        raise
     assert time.monotonic() - released_at < 10, "BeginTime was not cleared (~121 s wait)"
     assert not set(again.nodes) & {bad, other}
     assert again.restart_count == 1
     assert not again.held
+
+
+def _cluster_state(scheduler: Scheduler, job_id: int) -> str:
+    job = scheduler.get_job(job_id)
+    nodes = [f"{n.name} {n.state} {sorted(n.flags)} {n.reason!r}" for n in scheduler.list_nodes()]
+    others = [
+        f"{j.job_id} {j.state} {j.nodes}" for j in scheduler.list_jobs() if j.job_id != job_id
+    ]
+    return f"job {job_id}: {job.state} {job.reason!r} excluded {sorted(job.excluded_nodes)}\n" + (
+        "\n".join(nodes + others)
+    )
 
 
 def _free(node: Node) -> bool:
