@@ -5,7 +5,6 @@ answer, the fallback to /healthz for controllers without /v1/status."""
 from __future__ import annotations
 
 import io
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +14,9 @@ from slurm_recovery.cli import console
 from slurm_recovery.client import ClientError
 from tests.screen import cells, panel, row, title
 
-NOW = time.time()
+#: Local noon today: the console prints a time without its date only when it is today, and the
+#: fixtures below reach an hour back, which crosses midnight when the tests run just after it.
+NOW = datetime.now().replace(hour=12, minute=0, second=0, microsecond=0).timestamp()
 
 
 def iso(ts: float) -> str:
