@@ -929,6 +929,12 @@ _ENDS_PROCESSES = frozenset(
 )
 
 
+def _about(match: Match) -> str | None:
+    """What a line is about, for counting lines per node: its host (short name), else its
+    file (a node's own kernel log names no host)."""
+    return _short(match.host) if match.host else match.source
+
+
 def _xid_knock_ons(
     assessed: list[tuple[Match, Assessment, int]], catalogue: SignatureCatalogue
 ) -> list[tuple[Match, Assessment, int]]:
@@ -939,7 +945,7 @@ def _xid_knock_ons(
     codes: dict[str | None, list[int]] = {}
     for m, _, _ in assessed:
         if m.xid is not None:
-            codes.setdefault(_short(m.host) if m.host else m.source, []).append(m.xid)
+            codes.setdefault(_about(m), []).append(m.xid)
     if not codes:
         return assessed
     ended = any(
@@ -952,7 +958,7 @@ def _xid_knock_ons(
         signature = catalogue.get(m.signature_id)
         if m.xid is not None and signature is not None and signature.parser == "xid":
             info = catalogue.xids.assess(m.xid, m.text)
-            others = codes[_short(m.host) if m.host else m.source]
+            others = codes[_about(m)]
             if not a.knock_on and (
                 is_knock_on(info, others) or (ended and info.knock_on.strip() == "any")
             ):
@@ -1047,14 +1053,14 @@ def _escalate_repeats(
     for m, _, _ in assessed:
         signature = catalogue.get(m.signature_id)
         if signature is not None and signature.escalate_after:
-            key = (m.signature_id, _short(m.host) if m.host else m.source)
+            key = (m.signature_id, _about(m))
             counts[key] = counts.get(key, 0) + 1
     if not counts:
         return assessed
     escalated = []
     for m, a, i in assessed:
         signature = catalogue.get(m.signature_id)
-        key = (m.signature_id, _short(m.host) if m.host else m.source)
+        key = (m.signature_id, _about(m))
         if (
             signature is not None
             and signature.escalate_after
