@@ -907,6 +907,10 @@ def classify(
     action = root.action
     if action == "requeue_exclude" and not blame:
         action = "requeue"
+    elif action == "requeue" and blame:
+        # a root that asks only for a restart (a file server gone quiet) beside a line of its
+        # class that convicts a node (its prolog failed): the node is kept out
+        action = "requeue_exclude"
     shown = [root_item] + [a for a in primary if a is not root_item]
     shown += knock_on
     lines = [_line(m) for m, _, _ in shown[:limit]]

@@ -204,8 +204,15 @@ def test_without_nodes_a_line_without_host_blames_the_node_that_wrote_the_log() 
     got = verdict([f"[ 1234.5] {XID_79}"])
     assert (got.action, got.blame_nodes) == ("requeue_exclude", [THIS_NODE])
     # another line of the same file names its host: that is the node
-    named = verdict(["Nov 29 13:44:58 gpu07 kernel: mlx5_core 0000:3b:00.0 ib0: Link up", XID_79])
-    assert named.blame_nodes in (["gpu07"], [THIS_NODE])
+    # a warning in the same file names its host: that is the node the XID line is about
+    named = verdict(
+        [
+            "Nov 29 13:44:58 gpu07 kernel: pcieport 0000:00:01.1: AER: Corrected error received: "
+            "0000:01:00.0",
+            f"[ 1234.5] {XID_79}",
+        ]
+    )
+    assert named.blame_nodes == ["gpu07"]
 
 
 def test_in_a_multi_node_job_a_line_that_names_no_node_blames_none() -> None:
