@@ -218,10 +218,11 @@ def sidecar_templates(base: Path, config: Path) -> tuple[dict[str, Any], list[di
     hook ``job_start``/``job_end`` events as they come out of its hook spool, for node n1."""
     from slurm_recovery import hooks
     from slurm_recovery.config import load_config
+    from slurm_recovery.contract.spool import HookSpool, spool_event
     from slurm_recovery.sidecar.daemon import Sidecar
     from slurm_recovery.sidecar.outbox import Outbox, Sender
     from slurm_recovery.sidecar.registry import build
-    from slurm_recovery.sidecar.spool import HookSpool, SpoolSource
+    from slurm_recovery.sidecar.spool import SpoolSource
 
     cfg = load_config(config)
     node = "n1"
@@ -248,7 +249,7 @@ def sidecar_templates(base: Path, config: Path) -> tuple[dict[str, Any], list[di
         "SLURM_JOB_DERIVED_EC": "0:0",
     }
     for hook in ("prolog", "epilog"):
-        hooks.spool_event(spool, hooks.build_event(hook, env, now, node=node))
+        spool_event(spool, hooks.build_event(hook, env, now, node=node))
     source = SpoolSource(HookSpool(spool), node)
     job_events = [f.to_event(node) for f in source.poll(now)]
     source.commit()
@@ -308,7 +309,7 @@ class _Exchange(asyncio.Protocol):
 def generate(spec: dict[str, Any]) -> None:
     """The load generator process: build and sign every request, say "ready", wait for a
     line on stdin, run the schedule, write the results to spec["out"]."""
-    from slurm_recovery.auth import requests as signing
+    from slurm_recovery.contract import requests as signing
 
     host, port = "127.0.0.1", spec["port"]
     nodes, period, job_rate = spec["nodes"], spec["period"], spec["job_rate"]
@@ -598,8 +599,8 @@ def milestones(store: Path, job_id: int) -> dict[str, float]:
 
 def decide_incident(stack: Stack, job_id: int, node: str) -> dict[str, Any]:
     """Post an XID 79 on ``node`` as its sidecar; time until the incident is advised."""
-    from slurm_recovery.client import ClientError, ControllerClient
-    from slurm_recovery.controller.wire import event_to_json
+    from slurm_recovery.contract.client import ClientError, ControllerClient
+    from slurm_recovery.contract.wire import event_to_json
 
     client = ControllerClient(stack.url, munge_socket=str(stack.spec.munge_socket))
     posted = time.time()

@@ -33,7 +33,7 @@ from support import (
 )
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.client import ControllerClient
+from slurm_recovery.contract.client import ControllerClient
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 
 

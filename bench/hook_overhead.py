@@ -42,7 +42,7 @@ from pathlib import Path
 
 from report import write_json
 
-from slurm_recovery import jobdir
+from slurm_recovery.contract import jobdir
 
 REPO = Path(__file__).resolve().parent.parent
 HOOKS = REPO / "hooks"

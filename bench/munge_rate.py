@@ -15,7 +15,7 @@ from pathlib import Path
 
 from report import write_json
 
-from slurm_recovery.auth import munge, requests
+from slurm_recovery.contract import munge, requests
 
 
 def rate(count: int, seconds: float) -> str:

@@ -93,8 +93,8 @@ from support import (
 )
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.client import ControllerClient
-from slurm_recovery.controller.wire import event_to_json
+from slurm_recovery.contract.client import ControllerClient
+from slurm_recovery.contract.wire import event_to_json
 from slurm_recovery.scheduler.base import Job, SchedulerError
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.sidecar.sim import inject

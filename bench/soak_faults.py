@@ -50,11 +50,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.report import write_json
 from bench.support import add_stack_options, fill_stack_options
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.client import ControllerClient
-from slurm_recovery.controller.wire import event_to_json
+from slurm_recovery.contract.client import ControllerClient
+from slurm_recovery.contract.spool import HookSpool
+from slurm_recovery.contract.wire import event_to_json
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.sidecar.sim import inject
-from slurm_recovery.sidecar.spool import HookSpool
 from slurm_recovery.store import Store
 
 FALLEN_OFF = {"xid": 79, "message": "GPU has fallen off the bus."}

@@ -32,7 +32,7 @@ from report import write_json
 from support import add_stack_options, fill_stack_options, job_incidents, milestone_times, wait
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.client import ControllerClient
+from slurm_recovery.contract.client import ControllerClient
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = (

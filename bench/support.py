@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_recovery import localcluster
-from slurm_recovery.client import ClientError, ControllerClient
+from slurm_recovery.contract.client import ClientError, ControllerClient
 
 T = TypeVar("T")
 

@@ -2,10 +2,10 @@
 (docs/hooks.md).
 
 Each run of an event hook turns Slurm's environment into ONE evidence event (the controller's
-wire format, :mod:`slurm_recovery.controller.wire`) and hands it on:
+wire format, :mod:`slurm_recovery.contract.wire`) and hands it on:
 
 - ``prolog`` (slurmd, root, each node, job start): creates the job's directory on the node
-  (:mod:`slurm_recovery.jobdir`), then ``job_start`` written into the node's sidecar spool,
+  (:mod:`slurm_recovery.contract.jobdir`), then ``job_start`` written into the node's sidecar spool,
   ``<sidecar.spool_dir>/events/``, which the sidecar sends on. On the batch node it records
   where the attempt's output begins in the job's output files (:func:`output_offset`). With
   ``hooks.health_gate`` on, it may refuse the node (exit 1; see :func:`gate_decision`).
@@ -25,14 +25,13 @@ The hooks never fail a job because of slurm-recovery: every error is logged as o
 which slurmd and slurmctld log when a hook fails, and syslog) and the hook exits 0. The one
 non-zero exit is the health gate's deliberate refusal.
 
-Cost: Slurm waits for each hook, so it imports only standard modules on its way and reads its
-few settings straight from the TOML file (:func:`load_hook_config`) instead of importing
-:mod:`slurm_recovery.config`, whose import alone took 23 ms of a 55 ms prolog here. The reader
-uses the same file, defaults and rules for the keys it reads (tests/unit/test_hooks.py holds it
-to :mod:`slurm_recovery.config`); the rest of the file is the daemons' business. Slurm's usual
-host lists (``gpu[001-008]``) are expanded here, anything else through ClusterShell
-(:mod:`slurm_recovery.hostlist`); the policy and the HTTP client are imported only where they
-are used. bench/hook_overhead.py measures the result.
+Cost: Slurm waits for each hook, so this module imports the standard library and
+:mod:`slurm_recovery.contract` only (import-linter holds it to that in CI): its settings come
+from :mod:`slurm_recovery.contract.settings`, which reads the few keys the hooks use with the
+same defaults and checks the daemons' schema takes from it; host lists, output patterns, the
+spool and the job directory are the contract's too. The HTTP client (EpilogSlurmctld's post)
+and the policy's mode (the health gate) are loaded only on the paths that use them.
+bench/hook_overhead.py measures the result (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -49,7 +48,17 @@ from collections.abc import Mapping
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, TextIO
 
-from slurm_recovery import jobdir
+from slurm_recovery.contract import hostlist, jobdir
+from slurm_recovery.contract.outputs import expand_output_path
+from slurm_recovery.contract.settings import (
+    HOOK_CHECKS,
+    HOOK_DEFAULTS,
+    NODE_PLACEHOLDER,
+    SettingsError,
+    policy_mode,
+    read_hook_settings,
+)
+from slurm_recovery.contract.spool import spool_event
 
 if TYPE_CHECKING:  # pathlib is imported only where a Path is returned (it costs ~3 ms)
     from pathlib import Path
@@ -83,8 +92,6 @@ SLURM_CONF_KEYS: Mapping[str, str] = {
 KIND = {"prolog": "job_start", "epilog": "job_end", "epilog_slurmctld": "job_end"}
 CONTEXT = {"prolog": "prolog", "epilog": "epilog", "epilog_slurmctld": "epilog_slurmctld"}
 
-#: Sub-directory of a spool directory that holds event files.
-EVENTS_DIR = "events"
 #: The sidecar's health file in its spool directory (read by the prolog's health gate).
 HEALTH_FILE = "health.json"
 #: The health file counts as fresh for this many ``sidecar.poll_interval``.
@@ -92,10 +99,6 @@ HEALTH_FRESH_POLLS = 3
 #: A larger health file is not read (the gate then fails open).
 MAX_HEALTH_BYTES = 1024 * 1024
 
-#: What the TaskProlog sets: slurm_recovery.progress reads the first (a unit test holds them
-#: equal); PyTorch's NCCL flight recorder writes its dumps to the second, plus the rank.
-PROGRESS_ENV = "SRECOVERY_PROGRESS_FILE"
-NCCL_TRACE_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 
 EXIT_OK = 0
 #: The health gate's refusal: slurmd drains the node ("Prolog error") and requeues the job.
@@ -131,93 +134,6 @@ def log(hook: str, message: str) -> None:
 
 # --------------------------------------------------------------------------------- the config
 
-#: The same file and variable as :mod:`slurm_recovery.config` (a unit test holds them equal).
-DEFAULT_CONFIG_PATH = "/etc/slurm-recovery/config.toml"
-CONFIG_ENV_VAR = "SRECOVERY_CONFIG"
-URL_ENV_VAR = "SRECOVERY_URL"
-NODE_PLACEHOLDER = "{node}"
-#: The keys the hooks read, with slurm_recovery.config's defaults (a unit test holds them equal).
-HOOK_DEFAULTS: Mapping[str, object] = {
-    "sidecar.node": "",
-    "sidecar.spool_dir": "/var/spool/slurm-recovery",
-    "sidecar.poll_interval": 10.0,
-    "hooks.health_gate": False,
-    "hooks.controller_timeout": 0.5,
-    "hooks.job_dir": "/run/slurm-recovery/jobs/{node}",
-    "controller.spool_dir": "/var/spool/slurm-recovery/controller",
-    "controller.policy": "/etc/slurm-recovery/policy.toml",
-    "client.url": "http://localhost:7765",
-    "client.ca_file": "",
-    "auth.munge_socket": "",
-}
-
-_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PLAIN_SECONDS = re.compile(rf"\s*({_NUMBER})\s*")
-_DURATION = re.compile(rf"(?:\s*{_NUMBER}\s*(?:ms|s|m|h|d))+\s*")
-_DURATION_PART = re.compile(rf"({_NUMBER})\s*(ms|s|m|h|d)")
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def parse_duration(value: object) -> float:
-    """Seconds in a config duration (``10``, ``"500ms"``, ``"1m30s"``), as
-    :func:`slurm_recovery.config.parse_duration` reads it; ValueError otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError('must be a duration (seconds, or a string like "500ms" or "1m30s")')
-    if isinstance(value, str):
-        plain = _PLAIN_SECONDS.fullmatch(value)
-        if plain:
-            seconds = float(plain.group(1))
-        elif _DURATION.fullmatch(value):
-            seconds = sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(value))
-        else:
-            raise ValueError('not a duration (seconds, or a string like "500ms" or "1m30s")')
-    else:
-        try:
-            seconds = float(value)
-        except OverflowError:
-            seconds = float("inf")
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ValueError("a duration must be a finite number of seconds, not negative")
-    return seconds
-
-
-def _absolute(value: object, empty_ok: bool = False) -> str:
-    if not isinstance(value, str) or "\0" in value:
-        raise ValueError("must be a string holding an absolute path")
-    if value == "" and empty_ok:
-        return value
-    if not value.startswith("/"):
-        raise ValueError("must be an absolute path (starting with /)")
-    return value
-
-
-def _check(dotted: str, value: object) -> object:
-    if dotted in ("sidecar.poll_interval", "hooks.controller_timeout"):
-        seconds = parse_duration(value)
-        if seconds <= 0:
-            raise ValueError("must be more than 0 seconds")
-        return seconds
-    if dotted == "hooks.health_gate":
-        if not isinstance(value, bool):
-            raise ValueError("must be true or false, lower case and without quotes")
-        return value
-    if dotted == "sidecar.node":
-        if not isinstance(value, str) or (value and not _NODE_NAME.fullmatch(value)):
-            raise ValueError('must be a Slurm node name, or "" for the short hostname')
-        return value
-    if dotted == "client.url":
-        if not isinstance(value, str) or not value.startswith(("http://", "https://")):
-            raise ValueError("must be a URL starting with http:// or https://")
-        return value.rstrip("/")
-    path = _absolute(value, empty_ok=dotted in ("auth.munge_socket", "client.ca_file"))
-    rest = path.replace(NODE_PLACEHOLDER, "")
-    if dotted in ("sidecar.spool_dir", "hooks.job_dir") and ("{" in rest or "}" in rest):
-        raise ValueError(f"the only placeholder it may hold is {NODE_PLACEHOLDER}")
-    if dotted == "hooks.job_dir" and any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
-        raise ValueError("must not contain control characters such as a newline")
-    return path
-
 
 class HookConfig:
     """The settings the hooks use, by their dotted names in config.toml (``source``: the file,
@@ -226,7 +142,8 @@ class HookConfig:
     __slots__ = ("source", "values")
 
     def __init__(self, values: Mapping[str, object] | None = None, source: str | None = None):
-        self.values = {**HOOK_DEFAULTS, **(values or {})}
+        defaults = {k: HOOK_CHECKS[k](v) for k, v in HOOK_DEFAULTS.items()}
+        self.values = {**defaults, **(values or {})}
         self.source = source
 
     def __getitem__(self, dotted: str) -> Any:
@@ -249,65 +166,18 @@ class HookConfig:
         return self["sidecar.spool_dir"].replace(NODE_PLACEHOLDER, node)
 
     def job_dir(self, node: str, job: int) -> str:
-        """The job's directory on ``node`` (:func:`slurm_recovery.jobdir.job_dir_for`)."""
+        """The job's directory on ``node`` (:func:`slurm_recovery.contract.jobdir.job_dir_for`)."""
         return jobdir.job_dir_for(self["hooks.job_dir"], node, job)
 
 
-def _refuse_if_others_can_write(path: str, st: os.stat_result) -> None:
-    # As slurm_recovery.config: whoever can edit the file decides where root writes.
-    if st.st_mode & 0o002:
-        raise HookConfigError(f"{path}: world-writable: refusing it; fix: chmod o-w {path}")
-    folder = os.path.dirname(os.path.realpath(path))
-    try:
-        dst = os.stat(folder)
-    except OSError:
-        return
-    if dst.st_mode & 0o002 and not dst.st_mode & 0o1000:
-        raise HookConfigError(f"{path}: its directory {folder} is world-writable: refusing it")
-
-
 def load_hook_config(env: Mapping[str, str] | None = None) -> HookConfig:
-    """The hooks' settings from ``$SRECOVERY_CONFIG``, else /etc/slurm-recovery/config.toml
-    (absent: the defaults), then ``$SRECOVERY_URL``. Raises HookConfigError naming the file and key
-    for a file that is missing (when named), unreadable, not TOML, or has a bad value in a key
-    the hooks read; other keys are left to the daemons that use them."""
-    env = os.environ if env is None else env
-    named = env.get(CONFIG_ENV_VAR)
-    path = named or DEFAULT_CONFIG_PATH
+    """The hooks' settings (:func:`slurm_recovery.contract.settings.read_hook_settings`: the
+    config file's hook keys, then ``$SRECOVERY_URL``); HookConfigError names the file and key."""
     try:
-        with open(path, "rb") as fh:
-            _refuse_if_others_can_write(path, os.fstat(fh.fileno()))
-            raw = fh.read()
-    except FileNotFoundError:
-        if named:
-            raise HookConfigError(f"{path}: no such file (named by ${CONFIG_ENV_VAR})") from None
-        raw = None
-    except OSError as exc:
-        raise HookConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    values: dict[str, object] = {}
-    if raw is not None:
-        import tomllib
-
-        try:
-            data = tomllib.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise HookConfigError(f"{path}: not a valid TOML file: {exc}") from None
-        for dotted in HOOK_DEFAULTS:
-            section, key = dotted.split(".")
-            table = data.get(section, {})
-            if not isinstance(table, dict) or key not in table:
-                continue
-            try:
-                values[dotted] = _check(dotted, table[key])
-            except ValueError as exc:
-                raise HookConfigError(f"{path}: {dotted} = {table[key]!r}: {exc}") from None
-    url = env.get(URL_ENV_VAR)
-    if url:
-        try:
-            values["client.url"] = _check("client.url", url)
-        except ValueError as exc:
-            raise HookConfigError(f"${URL_ENV_VAR} = {url!r}: {exc}") from None
-    return HookConfig(values, source=path if raw is not None else None)
+        values, source = read_hook_settings(os.environ if env is None else env)
+    except SettingsError as exc:
+        raise HookConfigError(str(exc)) from None
+    return HookConfig(values, source=source)
 
 
 # --------------------------------------------------------------------------------- reading Slurm
@@ -331,62 +201,11 @@ def job_id(env: Mapping[str, str]) -> int:
     return value
 
 
-_PLAIN_HOST = re.compile(r"[A-Za-z0-9._-]+")
-_ONE_RANGE_SET = re.compile(
-    r"([A-Za-z._-][A-Za-z0-9._-]*?)\[([0-9,-]+)\]([A-Za-z._-][A-Za-z0-9._-]*)?"
-)
-_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
-#: Longest host list the fast path expands (beyond: ClusterShell).
-_FAST_MAX_NODES = 100_000
-
-
-def _expand_fast(expr: str) -> list[str] | None:
-    """Slurm's usual forms, ``n7`` and ``gpu[001-004,9]`` (one prefix, ascending ranges of one
-    zero-padding), expanded in ClusterShell's order; None for anything else."""
-    if _PLAIN_HOST.fullmatch(expr):
-        return [expr]
-    found = _ONE_RANGE_SET.fullmatch(expr)
-    if not found:
-        return None
-    prefix, ranges, suffix = found.group(1), found.group(2), found.group(3) or ""
-    width = None
-    indexes: set[int] = set()
-    for part in ranges.split(","):
-        bounds = _RANGE.fullmatch(part)
-        if not bounds:
-            return None
-        low_text, high_text = bounds.group(1), bounds.group(2) or bounds.group(1)
-        padded = len(low_text) > 1 and low_text.startswith("0")
-        if padded and len(high_text) != len(low_text):
-            return None
-        part_width = len(low_text) if padded else 0
-        if (width is not None and part_width != width) or (
-            not padded and len(high_text) > 1 and high_text.startswith("0")
-        ):
-            return None
-        width = part_width
-        low, high = int(low_text), int(high_text)
-        if high < low or len(indexes) + high - low >= _FAST_MAX_NODES:
-            return None
-        indexes.update(range(low, high + 1))
-    if width and any(len(str(i)) > width for i in indexes):
-        return None
-    return [f"{prefix}{i:0{width or 1}d}{suffix}" for i in sorted(indexes)]
-
-
 def expand_nodes(expr: str | None) -> list[str]:
-    """A Slurm host list (``n[1-3]``) -> node names; [] when absent or unparsable. The usual
-    forms are expanded here, the rest by ClusterShell (:mod:`slurm_recovery.hostlist`)."""
-    if not expr or expr in ("(null)", "None"):
-        return []
-    fast = _expand_fast(expr)
-    if fast is not None:
-        return fast
-    from slurm_recovery.hostlist import HostlistError, expand
-
+    """A Slurm host list (``n[1-3]``) -> node names; [] when absent or unparsable."""
     try:
-        return expand(expr)
-    except HostlistError:
+        return hostlist.expand(expr)
+    except hostlist.HostlistError:
         return []
 
 
@@ -444,61 +263,27 @@ def parse_gpus(raw: str | None) -> list[int | str] | None:
     return [int(item) if item.isdigit() else item for item in items] or None
 
 
-_OUTPUT_SPEC = re.compile(r"%(\d*)([%AaJjNnstuxb])")
-
-
 def output_path(
     pattern: str | None, env: Mapping[str, str], nodes: list[str] | None = None
 ) -> str | None:
     """``SLURM_JOB_STDOUT``/``STDERR`` (the pattern as the user gave it) -> the batch step's
-    file, by sbatch(1)'s rules as :func:`slurm_recovery.scheduler.paths.expand_output_path`
-    applies them (a unit test holds the two equal): ``%j``, ``%J``, ``%u``, ``%x``, ``%A``,
-    ``%a``, ``%b``, ``%N`` (the batch host: the first of ``nodes``), ``%n``/``%t`` (0), ``%s``
-    (batch), ``%%``, zero-padded ``%5j``; a backslash turns expansion off; a relative path is
-    joined to ``SLURM_JOB_WORK_DIR``. A specifier whose value the environment does not give
-    (the job name in a node hook, the array ids of a job that is not an array) stays as it is.
-    That module is not imported: it would cost the hook 11 ms."""
+    file (:func:`slurm_recovery.contract.outputs.expand_output_path`; the batch host is the
+    first of ``nodes``); None when Slurm gave no pattern or the file cannot be known. A value
+    the environment does not give (the job name in an old Slurm's prolog) leaves its
+    specifier as written."""
     if not pattern or pattern == "(null)":
         return None
-    if "\\" in pattern:
-        path = pattern.replace("\\", "")
-    else:
-        job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-        task = _int(env.get("SLURM_ARRAY_TASK_ID"))
-        if task is not None and task >= 4294967294:  # NO_VAL: not an array task
-            task = None
-        values = {
-            "j": job,
-            "J": job,
-            "u": env.get("SLURM_JOB_USER"),
-            "x": env.get("SLURM_JOB_NAME"),
-            "A": env.get("SLURM_ARRAY_JOB_ID"),
-            "a": None if task is None else str(task),
-            "b": None if task is None else str(task % 10),
-            "N": nodes[0] if nodes else None,
-            "n": "0",
-            "t": "0",
-            "s": "batch",
-        }
-
-        def fill(found: re.Match[str]) -> str:
-            width, spec = found.group(1), found.group(2)
-            if spec == "%":
-                return "%"
-            value = values[spec]
-            if value is None:
-                return found.group(0)
-            if width and value.isdigit():
-                return value.zfill(min(int(width), 10))
-            return value
-
-        path = _OUTPUT_SPEC.sub(fill, pattern)
-    work_dir = env.get("SLURM_JOB_WORK_DIR")
-    if not path.startswith("/"):
-        if not work_dir or not work_dir.startswith("/"):
-            return path  # relative to a directory Slurm did not name
-        path = os.path.join(work_dir, path)
-    return path
+    task = _int(env.get("SLURM_ARRAY_TASK_ID"))
+    return expand_output_path(
+        pattern,
+        job_id=_int(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")) or 0,
+        name=env.get("SLURM_JOB_NAME"),
+        user=env.get("SLURM_JOB_USER"),
+        workdir=env.get("SLURM_JOB_WORK_DIR"),
+        batch_host=nodes[0] if nodes else None,
+        array_job_id=_int(env.get("SLURM_ARRAY_JOB_ID")),
+        array_task_id=task,
+    )
 
 
 def output_offset(path: str | None) -> int | None:
@@ -639,58 +424,6 @@ def build_event(
 # --------------------------------------------------------------------------------- the spool
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def spool_event(spool_dir: str | os.PathLike[str], event: Mapping[str, Any]) -> str:
-    """Write ``event`` into ``<spool_dir>/events/<time_ns>-<pid>-<job>.json`` atomically
-    (``.tmp``, fsync, rename, fsync of the directory); returns the file. Raises OSError.
-    ``time_ns`` has 20 digits, so names sort in the order the events were written."""
-    folder = os.path.join(os.fspath(spool_dir), EVENTS_DIR)
-    os.makedirs(folder, mode=0o750, exist_ok=True)
-    name = f"{time.time_ns():020d}-{os.getpid()}-{event.get('job_id') or 'nojob'}.json"
-    final = os.path.join(folder, name)
-    tmp = final + ".tmp"
-    data = (json.dumps(event, separators=(",", ":"), sort_keys=True) + "\n").encode()
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o640)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, final)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(folder)
-    return final
-
-
-def read_spooled(spool_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every complete event in ``<spool_dir>/events/``, oldest first (for tests and tools;
-    the sidecar and the controller have their own readers)."""
-    folder = os.path.join(os.fspath(spool_dir), EVENTS_DIR)
-    try:
-        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    events = []
-    for name in names:
-        with open(os.path.join(folder, name), "rb") as fh:
-            events.append(json.load(fh))
-    return events
-
-
 # --------------------------------------------------------------------------------- health gate
 
 
@@ -762,9 +495,7 @@ def gate_decision(
     if not fatal:
         return False, "no open fatal finding", []
     try:
-        from slurm_recovery.decide.policy import load_policy
-
-        mode = str(load_policy(config["controller.policy"]).mode_for(partition))
+        mode = policy_mode(config["controller.policy"], partition)
     except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return False, f"cannot read the policy ({first}): failing open", fatal
@@ -819,7 +550,7 @@ class _deadline:
 def post_event(config: HookConfig, event: Mapping[str, Any]) -> None:
     """POST ``event`` to the controller as an operator within ``hooks.controller_timeout``
     (MUNGE signing included); raises on any failure."""
-    from slurm_recovery.client import ControllerClient
+    from slurm_recovery.contract.client import ControllerClient  # ~25 ms: only here
 
     timeout = config["hooks.controller_timeout"]
     client = ControllerClient(
@@ -948,10 +679,10 @@ def task_prolog_lines(config: HookConfig, env: Mapping[str, str]) -> list[str]:
         raise HookError(f"job {job}: no job directory {path} (did the prolog run?)")
     if not os.access(path, os.W_OK | os.X_OK):
         raise HookError(f"job {job}: {path} is not writable by uid {os.getuid()}")
-    lines = [f"export {PROGRESS_ENV}={jobdir.progress_file(path)}"]
-    own = env.get(NCCL_TRACE_ENV)
+    lines = [f"export {jobdir.PROGRESS_ENV}={jobdir.progress_file(path)}"]
+    own = env.get(jobdir.NCCL_TRACE_ENV)
     if own is None or jobdir.is_job_path(config["hooks.job_dir"], job, own):
-        lines.append(f"export {NCCL_TRACE_ENV}={jobdir.nccl_trace_prefix(path)}")
+        lines.append(f"export {jobdir.NCCL_TRACE_ENV}={jobdir.nccl_trace_prefix(path)}")
     if any(ord(c) < 0x20 for line in lines for c in line):
         raise HookError(f"job {job}: {path!r} holds a control character")
     return lines

@@ -23,6 +23,8 @@ import socket
 import threading
 import time
 
+from slurm_recovery.contract.jobdir import PROGRESS_ENV
+
 __all__ = [
     "ENV_FILE",
     "ENV_FR_DUMP_AFTER",
@@ -34,7 +36,7 @@ __all__ = [
 ]
 
 #: The environment variable naming the progress file (set for the job by slurm-recovery).
-ENV_FILE = "SRECOVERY_PROGRESS_FILE"
+ENV_FILE = PROGRESS_ENV
 #: Seconds between writes (a number; default :data:`DEFAULT_INTERVAL`).
 ENV_INTERVAL = "SRECOVERY_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL = 1.0

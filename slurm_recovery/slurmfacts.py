@@ -213,7 +213,7 @@ def read(
     window = [f"Start={_stamp(since)}", f"End={_stamp(until)}"]
     read_any = []
     try:
-        text = slurm.run(
+        text = slurm.query(
             [
                 "sacctmgr",
                 "-n",
@@ -230,7 +230,7 @@ def read(
     except SchedulerError as exc:
         facts.notes["accounting drains"] = f"not read: {exc}"
     try:
-        text = slurm.run(
+        text = slurm.query(
             [
                 "sacct",
                 "-a",

@@ -29,9 +29,19 @@ if SLURM_PREFIX:
 _free_port_block = localcluster.free_port_block
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the cluster is a ``cluster`` test, marked or not, so the fast tier
+    (``-m "not cluster"``) never starts a cluster for a test that forgot its marker."""
+    for item in items:
+        if "local_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[localcluster.ClusterSpec]:
     """A real Slurm cluster for the whole session, stopped (every process) at the end."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail("the cluster tests share one cluster per session: run them without -n")
     if os.geteuid() != 0:
         pytest.fail("the integration tests start slurmd and munged: run them as root")
     base = Path(tempfile.mkdtemp(prefix="srecovery-test-"))

@@ -9,7 +9,7 @@ from slurm_recovery.auth.authorize import (
     is_operator,
     operators_from_system,
 )
-from slurm_recovery.auth.munge import (
+from slurm_recovery.contract.munge import (
     Decoded,
     MungeCredentialError,
     MungeError,
@@ -20,7 +20,7 @@ from slurm_recovery.auth.munge import (
     MungeSocketError,
     MungeUnavailable,
 )
-from slurm_recovery.auth.requests import (
+from slurm_recovery.contract.requests import (
     INSECURE_NO_AUTH_WARNING,
     ROLES,
     AuthError,

@@ -15,7 +15,7 @@ import pwd
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from slurm_recovery.auth.requests import NODE_ROLES, AuthError, Principal
+from slurm_recovery.contract.requests import NODE_ROLES, AuthError, Principal
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from slurm_recovery import __version__, hostlist
+from slurm_recovery import __version__
 from slurm_recovery.cli import audit_cmds, console, operator_cmds, read_cmds
 from slurm_recovery.cli.controller_cmds import advice, explain, report
 from slurm_recovery.cli.demo import demo
@@ -17,6 +17,7 @@ from slurm_recovery.cli.dev import dev
 from slurm_recovery.cli.explain_log import explain_log
 from slurm_recovery.cli.sim import sim
 from slurm_recovery.config import Config, ConfigError, load_config
+from slurm_recovery.contract import hostlist
 from slurm_recovery.options import config_option
 from slurm_recovery.scheduler import SchedulerError, Unreachable, open_scheduler
 from slurm_recovery.watchdog import watchdog_command
@@ -73,7 +74,7 @@ def config() -> None:
 def config_check(ctx: click.Context, as_json: bool) -> None:
     """Validate the config file and print the effective settings (defaults filled in)."""
     cfg = load_or_exit(ctx)
-    data = asdict(cfg)
+    data = cfg.asdict()
     source = data.pop("source")
     if as_json:
         click.echo(json.dumps({"source": source, **data}, default=str, indent=2))

@@ -36,8 +36,8 @@ from slurm_recovery.cli.common import (
     print_json,
     table,
 )
-from slurm_recovery.client import ControllerClient
 from slurm_recovery.config import Config, parse_duration
+from slurm_recovery.contract.client import ControllerClient
 from slurm_recovery.store.audit import AuditAnchor, AuditRow, AuditVerification, verify_chain
 from slurm_recovery.store.values import canonical_json
 
@@ -559,8 +559,8 @@ def replay(
     (`srecovery mode`) are not applied: the file's modes are.
     """
     from slurm_recovery.decide import replay as core
-    from slurm_recovery.decide.catalogue import load_xid_catalogue
     from slurm_recovery.decide.policy import PolicyError, load_policy
+    from slurm_recovery.signals.xid import load_xid_catalogue
 
     try:
         policy = load_policy(policy_file)

@@ -18,8 +18,8 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from slurm_recovery.client import ClientError, ControllerClient
 from slurm_recovery.config import Config, parse_duration
+from slurm_recovery.contract.client import ClientError, ControllerClient
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DENIED, EXIT_CHECK = 0, 1, 2, 3, 4, 5
 

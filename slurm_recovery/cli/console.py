@@ -39,7 +39,7 @@ from rich.table import Table
 from rich.text import Text
 
 from slurm_recovery.cli.common import EXIT_OK, explain_client_error
-from slurm_recovery.client import ClientError, ControllerClient
+from slurm_recovery.contract.client import ClientError, ControllerClient
 
 #: How many incidents one refresh reads (the table shows the newest that fit; the latency
 #: figures are over all of them).

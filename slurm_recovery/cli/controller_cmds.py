@@ -13,8 +13,8 @@ import click
 
 from slurm_recovery.cli.common import EXIT_USAGE, client_for, explain_client_error, fail
 from slurm_recovery.cli.read_cmds import advice, explain
-from slurm_recovery.client import ClientError
-from slurm_recovery.controller.wire import event_to_json
+from slurm_recovery.contract.client import ClientError
+from slurm_recovery.contract.wire import event_to_json
 
 
 @click.command()

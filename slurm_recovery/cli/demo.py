@@ -35,9 +35,10 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from slurm_recovery import devstack, hostlist, localcluster
+from slurm_recovery import devstack, localcluster
 from slurm_recovery.cli.dev import slurm_release_option
-from slurm_recovery.client import ClientError, ControllerClient
+from slurm_recovery.contract import hostlist
+from slurm_recovery.contract.client import ClientError, ControllerClient
 from slurm_recovery.scheduler import Job, SchedulerError
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from slurm_recovery import hostlist
 from slurm_recovery.config import ConfigError
+from slurm_recovery.contract import hostlist
 from slurm_recovery.signals.logs import Match, classify, default_catalogue
 
 EXIT_UNREADABLE, EXIT_USAGE = 1, 2

@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import click
 
-from slurm_recovery import hostlist
 from slurm_recovery.cli.common import (
     EXIT_CHECK,
     EXIT_FAILED,
@@ -32,8 +31,9 @@ from slurm_recovery.cli.common import (
     table,
     when,
 )
-from slurm_recovery.client import ClientError, ControllerClient
 from slurm_recovery.config import Config
+from slurm_recovery.contract import hostlist
+from slurm_recovery.contract.client import ClientError, ControllerClient
 
 T = TypeVar("T")
 

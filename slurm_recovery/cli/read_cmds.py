@@ -24,9 +24,9 @@ from urllib.parse import urlencode
 
 import click
 
-from slurm_recovery import hostlist
 from slurm_recovery.cli import common
-from slurm_recovery.client import ClientError
+from slurm_recovery.contract import hostlist
+from slurm_recovery.contract.client import ClientError
 
 CLASSES = ("hardware", "system", "application", "unknown")
 KINDS = ("crash", "doomed", "app_fault", "hang", "straggler")

@@ -1,13 +1,22 @@
-"""``srecovery-controller``: the head-node daemon (HTTP API + the recovery loop)."""
+"""``srecovery-controller``: the head-node daemon (HTTP API + the recovery loop).
+
+Its edge to the world: :func:`main` reads the configuration, tells systemd how the loop fares
+through the controller's per-pass callback (:class:`SystemdNotifier`), and reads the one test
+seam, ``SRECOVERY_FAILPOINT`` (:func:`failpoint_from_env`), once at start-up. The loop itself
+reads no environment and is patched by nobody.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import stat
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +27,11 @@ from slurm_recovery.config import ConfigError, load_config, split_host_port
 from slurm_recovery.options import config_option
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: Test seam: ``after:STEP`` (e.g. ``after:requeue_hold``) makes the controller SIGKILL itself
+#: right after it records STEP done, so the integration tests can check what a restarted
+#: controller makes of a half-finished recovery (docs/troubleshooting.md).
+FAILPOINT_ENV = "SRECOVERY_FAILPOINT"
 
 
 class UnsafeStateError(Exception):
@@ -96,7 +110,18 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
             click.echo(f"srecovery-controller: cannot start: {exc}", err=True)
             sys.exit(2)
     try:
-        controller = Controller(config, insecure_no_auth=insecure_no_auth)
+        after_step = failpoint_from_env(os.environ)
+    except ValueError as exc:
+        click.echo(f"srecovery-controller: {exc}", err=True)
+        sys.exit(2)
+    systemd = SystemdNotifier()
+    try:
+        controller = Controller(
+            config,
+            insecure_no_auth=insecure_no_auth,
+            on_pass=systemd.pass_done,
+            after_step=after_step,
+        )
     except Exception as exc:  # a clear line, not a traceback, for config/policy/Slurm trouble
         click.echo(f"srecovery-controller: cannot start: {exc}", err=True)
         sys.exit(1)
@@ -109,7 +134,7 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
         config.store.path,
     )
     app = controller.app()
-    _tell_systemd(app, controller, host, port)
+    systemd.install(app, host, port)
     web.run_app(
         app,
         host=host,
@@ -122,49 +147,67 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
     )
 
 
-# --------------------------------------------------------------------------------- systemd
+# --------------------------------------------------------------------------------- seams
 
 
-def _tell_systemd(app: Any, controller: Any, host: str, port: int) -> None:
+def failpoint_from_env(env: Mapping[str, str]) -> Callable[[str], None] | None:
+    """The step callback ``$SRECOVERY_FAILPOINT`` asks for (None when unset): ``after:STEP``
+    kills this process with SIGKILL, no clean-up, once STEP is recorded done."""
+    spec = env.get(FAILPOINT_ENV, "")
+    if not spec:
+        return None
+    when, _, target = spec.partition(":")
+    if when != "after" or not target:
+        raise ValueError(f"{FAILPOINT_ENV}={spec!r}: expected after:STEP, e.g. after:requeue_hold")
+
+    def kill_after(step: str) -> None:
+        if step == target:
+            logging.getLogger("srecovery.controller").critical(
+                "failpoint %s: killing the controller (tests only)", spec
+            )
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return kill_after
+
+
+class SystemdNotifier:
     """``Type=notify`` (docs/install.md): READY=1 once the store is open, the loop has made
     its first pass and the port accepts connections (so /healthz answers); STATUS= and, with
     ``WatchdogSec=``, WATCHDOG=1 after every loop pass; STOPPING=1 on shutdown. No-ops
     without ``$NOTIFY_SOCKET``."""
-    passes = {"ended": 0}
-    tasks: list[asyncio.Task[None]] = []
-    tick = controller._tick  # the loop calls self._tick per pass: wrap it on this instance
 
-    def tick_and_tell() -> bool:
-        try:
-            return tick()
-        finally:
-            passes["ended"] += 1
-            service_notify.watchdog_ping()
-            r = controller.reconciler
-            error = r.last_error if r else ""
-            service_notify.status(f"last pass {time.strftime('%H:%M:%S')}: {error or 'ok'}")
+    def __init__(self) -> None:
+        self.passes = 0
+        self._tasks: list[asyncio.Task[None]] = []
 
-    controller._tick = tick_and_tell
+    def pass_done(self, trouble: str) -> None:
+        """The controller's ``on_pass``: runs on the event loop after every pass."""
+        self.passes += 1
+        service_notify.watchdog_ping()
+        service_notify.status(f"last pass {time.strftime('%H:%M:%S')}: {trouble or 'ok'}")
 
-    async def announce_ready() -> None:
-        connect_host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-        while True:
-            if passes["ended"]:
-                with contextlib.suppress(OSError):
-                    _, writer = await asyncio.open_connection(connect_host, port)
-                    writer.close()
-                    await writer.wait_closed()
-                    service_notify.ready(f"listening on {host}:{port}")
-                    return
-            await asyncio.sleep(0.05)
+    def install(self, app: Any, host: str, port: int) -> None:
+        """Announce readiness from ``app``'s start-up, and stopping from its shutdown."""
 
-    async def on_startup(app: Any) -> None:
-        tasks.append(asyncio.create_task(announce_ready()))
+        async def announce_ready() -> None:
+            connect_host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+            while True:
+                if self.passes:
+                    with contextlib.suppress(OSError):
+                        _, writer = await asyncio.open_connection(connect_host, port)
+                        writer.close()
+                        await writer.wait_closed()
+                        service_notify.ready(f"listening on {host}:{port}")
+                        return
+                await asyncio.sleep(0.05)
 
-    async def on_shutdown(app: Any) -> None:
-        service_notify.stopping("shutting down")
-        for task in tasks:
-            task.cancel()
+        async def on_startup(app: Any) -> None:
+            self._tasks.append(asyncio.create_task(announce_ready()))
 
-    app.on_startup.append(on_startup)
-    app.on_shutdown.append(on_shutdown)
+        async def on_shutdown(app: Any) -> None:
+            service_notify.stopping("shutting down")
+            for task in self._tasks:
+                task.cancel()
+
+        app.on_startup.append(on_startup)
+        app.on_shutdown.append(on_shutdown)

@@ -12,19 +12,18 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from slurm_recovery import hostlist
+from slurm_recovery.contract import hostlist
+from slurm_recovery.contract.spool import HookSpool
+from slurm_recovery.contract.wire import parse_event
 from slurm_recovery.controller.observe import observe
-from slurm_recovery.controller.wire import parse_event
 from slurm_recovery.decide.advise import advise, after_drains
 from slurm_recovery.decide.attribute import XID_REPEAT_WINDOW, attribute
-from slurm_recovery.decide.catalogue import XidCatalogue
 from slurm_recovery.decide.detect import detect
 from slurm_recovery.decide.hang import hang_incidents
 from slurm_recovery.decide.jobsettings import (
@@ -42,7 +41,7 @@ from slurm_recovery.decide.straggler import straggler_incidents
 from slurm_recovery.holdmark import hold_mark, parse_hold_mark
 from slurm_recovery.scheduler import Job, Node, Scheduler, SchedulerError, Unreachable
 from slurm_recovery.scheduler.base import UnsupportedOutput, sanitize_reason
-from slurm_recovery.sidecar.spool import HookSpool
+from slurm_recovery.signals.xid import XidCatalogue
 from slurm_recovery.store import (
     Advice,
     Evidence,
@@ -61,8 +60,9 @@ log = logging.getLogger("srecovery.controller")
 EVIDENCE_HORIZON = 3600.0
 #: Failed steps on one incident before the controller stops trying and asks for an operator.
 MAX_FAILED_STEPS = 5
-#: Environment variable naming a step after which the controller kills itself (tests only).
-FAILPOINT_ENV = "SRECOVERY_FAILPOINT"
+#: Called with each step's name once the step is recorded done. The integration tests inject
+#: one that kills the controller there (``slurm_recovery.controller.failpoint_from_env``).
+StepDone = Callable[[str], None]
 
 
 def planned(incident_id: int, advice: Advice) -> Plan:
@@ -197,6 +197,7 @@ class Reconciler:
         hook_spool_dir: Path | None = None,
         metrics: Any = None,
         clock: Callable[[], float] = time.time,
+        after_step: StepDone | None = None,
     ) -> None:
         self.store = store
         self.scheduler = scheduler
@@ -210,7 +211,7 @@ class Reconciler:
         self.hook_spool = HookSpool(hook_spool_dir) if hook_spool_dir else None
         self.metrics = metrics
         self.clock = clock
-        self.failpoint = os.environ.get(FAILPOINT_ENV, "")
+        self.after_step = after_step
         #: a crash waits for its node evidence (``_settling``): come back soon
         self.settling = False
         # (job_id, restart_count) -> submit time -> kinds of its incidents: from the store.
@@ -1049,9 +1050,8 @@ class Reconciler:
         )
         if self.metrics:
             self.metrics.action_done(step, "ok")
-        if self.failpoint == f"after:{step}":
-            log.critical("failpoint %s: killing the controller (tests only)", self.failpoint)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.after_step:
+            self.after_step(step)
         return True
 
     def _close(self, incident: Incident, outcome: str) -> None:
@@ -1075,7 +1075,10 @@ class Reconciler:
             return
         events, commit = self.hook_spool.take(None)
         if events:
-            evidence = [parse_event(e, f"spool {i}", source="hook") for i, e in enumerate(events)]
+            evidence = [
+                Evidence.from_wire(parse_event(e, f"spool {i}"), "hook")
+                for i, e in enumerate(events)
+            ]
             self.store.add_evidence(evidence)
             log.info("imported %d spooled hook event(s)", len(evidence))
         commit()

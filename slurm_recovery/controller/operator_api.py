@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from slurm_recovery import __version__, hostlist
-from slurm_recovery.auth import requests
+from slurm_recovery import __version__
+from slurm_recovery.contract import hostlist, requests
+from slurm_recovery.controller import views
 from slurm_recovery.controller.views import iso
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import Policy
@@ -313,7 +314,6 @@ class _OperatorApi:
         return await self.c._read(request, self.status)
 
     def status(self, store: Store) -> dict[str, Any]:
-        from slurm_recovery.controller.service import excluded_by_tool
         from slurm_recovery.watchdog import heartbeat_state, read_heartbeat, read_releases
 
         c = self.c
@@ -408,7 +408,7 @@ class _OperatorApi:
                 "released_total": released,
             },
             "drained_by_tool": sorted(view.drained_by_tool) if view else [],
-            "excluded_by_tool": sorted(excluded_by_tool(view)) if view else [],
+            "excluded_by_tool": sorted(views.excluded_by_tool(view)) if view else [],
             "drained_by_operator": sorted(
                 name
                 for name, node in nodes.items()

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from slurm_recovery import hostlist
-from slurm_recovery.auth import requests
+from slurm_recovery.contract import hostlist, requests
 from slurm_recovery.controller import views
 from slurm_recovery.controller.loop import core_evidence
 from slurm_recovery.decide.detect import is_fatal_node_event

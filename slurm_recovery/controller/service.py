@@ -23,18 +23,18 @@ from typing import Any, TypeVar
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from slurm_recovery import __version__, hostlist
-from slurm_recovery.auth import authorize, requests
+from slurm_recovery import __version__
+from slurm_recovery.auth import authorize
 from slurm_recovery.config import Config
+from slurm_recovery.contract import hostlist, requests
+from slurm_recovery.contract.wire import WireError, parse_batch
 from slurm_recovery.controller import audit_api, operator_api, read_api, views
-from slurm_recovery.controller.loop import Reconciler
+from slurm_recovery.controller.loop import Reconciler, StepDone
 from slurm_recovery.controller.metrics import Metrics
-from slurm_recovery.controller.wire import WireError, parse_batch
-from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import load_policy
-from slurm_recovery.holdmark import requeued_by_tool
 from slurm_recovery.scheduler import Node, Scheduler, SchedulerError, Unreachable, open_scheduler
+from slurm_recovery.signals.xid import load_xid_catalogue
 from slurm_recovery.store import Evidence, Store, StoreError
 from slurm_recovery.store.store import ROUTINE_EVIDENCE
 
@@ -113,15 +113,6 @@ class AddressBook:
         return found
 
 
-def excluded_by_tool(view: ClusterView) -> set[str]:
-    """Nodes excluded from active jobs that the tool requeued (its mark or note is on them)."""
-    nodes: set[str] = set()
-    for job in view.jobs.values():
-        if job.active and requeued_by_tool(job.admin_comment):
-            nodes |= job.excluded_nodes
-    return nodes
-
-
 #: Evidence kinds ``srecovery report`` sends (an operator's word on a node).
 REPORT_KINDS = ("operator_report", "xid")
 
@@ -147,10 +138,24 @@ def check_operator_report(
             raise WireError(f"unknown job {e.job_id}: neither Slurm nor the controller knows it")
 
 
+#: Called on the event loop after every loop pass with the pass's trouble ("" when it went
+#: well): ``srecovery-controller`` tells systemd (READY, WATCHDOG, STATUS) through it.
+PassDone = Callable[[str], None]
+
+
 class Controller:
-    def __init__(self, config: Config, *, insecure_no_auth: bool = False) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        insecure_no_auth: bool = False,
+        on_pass: PassDone | None = None,
+        after_step: StepDone | None = None,
+    ) -> None:
         self.config = config
         self.insecure = insecure_no_auth
+        self.on_pass = on_pass
+        self.after_step = after_step
         self.metrics = Metrics()
         self.ingest = _Worker("srecovery-ingest", config.store.path)
         self.loop_worker = _Worker("srecovery-loop", config.store.path)
@@ -193,6 +198,7 @@ class Controller:
             spool_dir=self.config.watchdog.spool_dir,
             hook_spool_dir=self.config.controller.spool_dir,
             metrics=self.metrics,
+            after_step=self.after_step,
         )
 
     async def start(self, app: web.Application) -> None:
@@ -213,9 +219,12 @@ class Controller:
         while True:
             try:
                 busy = await self.loop_worker.run(self._tick)
+                trouble = self.reconciler.last_error if self.reconciler else ""
             except Exception:  # a bug must not stop recovery for good: log, go on
                 log.exception("recovery loop pass failed")
-                busy = False
+                busy, trouble = False, "the pass failed (see the log)"
+            if self.on_pass:
+                self.on_pass(trouble)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=0.1 if busy else interval)
             self._wake.clear()
@@ -258,7 +267,7 @@ class Controller:
         if view is not None:
             self.node_addresses = self.address_book.addresses(view.nodes, view.now)
             self.metrics.nodes_drained.set(len(view.drained_by_tool))
-            self.metrics.nodes_excluded.set(len(excluded_by_tool(view)))
+            self.metrics.nodes_excluded.set(len(views.excluded_by_tool(view)))
         return busy
 
     # --- authentication ----------------------------------------------------------------
@@ -388,7 +397,7 @@ class Controller:
     ) -> tuple[requests.Principal, list[Evidence]]:
         """Authenticate, parse and authorize one evidence request (raises what refuses it)."""
         principal = self._principal(request, body)
-        evidence = parse_batch(body, source=principal.role)
+        evidence = [Evidence.from_wire(e, principal.role) for e in parse_batch(body)]
         events = [
             {"node": e.node, "gpu": e.gpu, "job_id": e.job_id, "kind": e.kind} for e in evidence
         ]

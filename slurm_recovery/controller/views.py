@@ -12,10 +12,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from slurm_recovery import hostlist
+from slurm_recovery.contract import hostlist
 from slurm_recovery.controller.loop import milestone_latencies
 from slurm_recovery.decide.cleared import cleared_ids
+from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.model import Evidence as CoreEvidence
+from slurm_recovery.holdmark import requeued_by_tool
 from slurm_recovery.store import Advice, AuditRow, EvidenceRecord, Incident, NodeState, Store
 from slurm_recovery.store.store import MILESTONE_ORDER
 
@@ -699,3 +701,12 @@ def node_item(
         },
         "lemon": lemon,
     }
+
+
+def excluded_by_tool(view: ClusterView) -> set[str]:
+    """Nodes excluded from active jobs that the tool requeued (its mark or note is on them)."""
+    nodes: set[str] = set()
+    for job in view.jobs.values():
+        if job.active and requeued_by_tool(job.admin_comment):
+            nodes |= job.excluded_nodes
+    return nodes

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from slurm_recovery.config import format_duration
+from slurm_recovery.contract.hostlist import compress
 from slurm_recovery.decide.model import (
     Action,
     Advice,
@@ -46,7 +47,6 @@ from slurm_recovery.decide.model import (
     Verdict,
 )
 from slurm_recovery.decide.policy import NODE_CLASSES, ClassPolicy, Policy
-from slurm_recovery.hostlist import compress
 from slurm_recovery.scheduler.base import Job, Node
 
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from slurm_recovery.decide.catalogue import XidCatalogue, is_knock_on, xid_code
+from slurm_recovery.contract.hostlist import compress
 from slurm_recovery.decide.cleared import cleared_ids
 from slurm_recovery.decide.detect import (
     NODE_FINDING_KINDS,
@@ -54,8 +54,8 @@ from slurm_recovery.decide.detect import (
 from slurm_recovery.decide.joblogs import judge_job_log
 from slurm_recovery.decide.model import Evidence, FaultClass, Incident, IncidentKind, Verdict
 from slurm_recovery.decide.policy import Policy
-from slurm_recovery.hostlist import compress
 from slurm_recovery.scheduler.base import Job, Node
+from slurm_recovery.signals.xid import XidCatalogue, is_knock_on, xid_code
 
 # Confidences, by kind of finding (see the module docstring and docs/policy.md).
 OPERATOR_REPORT = 1.0

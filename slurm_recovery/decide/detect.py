@@ -23,10 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from slurm_recovery.decide.catalogue import XidCatalogue, xid_code
+from slurm_recovery.contract.hostlist import compress
 from slurm_recovery.decide.cleared import still_open
-from slurm_recovery.decide.hang import of_attempt
-from slurm_recovery.decide.joblogs import judge_job_log
+from slurm_recovery.decide.joblogs import judge_job_log, of_attempt
 from slurm_recovery.decide.model import (
     ClusterView,
     Evidence,
@@ -35,8 +34,8 @@ from slurm_recovery.decide.model import (
     IncidentKind,
 )
 from slurm_recovery.decide.policy import Policy
-from slurm_recovery.hostlist import compress
 from slurm_recovery.scheduler.base import Job, Node
+from slurm_recovery.signals.xid import XidCatalogue, xid_code
 
 #: Job end states that are failures (a crash incident). Any other end is not ours to fix.
 FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"})

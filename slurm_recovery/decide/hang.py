@@ -19,6 +19,7 @@ import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from slurm_recovery.decide.joblogs import judge_job_log, of_attempt, rank_node
 from slurm_recovery.decide.model import ClusterView, Evidence, Incident, IncidentKind
 from slurm_recovery.decide.policy import HangPolicy, Policy
 from slurm_recovery.scheduler.base import Job
@@ -27,38 +28,13 @@ from slurm_recovery.signals.flight_recorder import (
     stuck_collective,
     trace_from_payload,
 )
+from slurm_recovery.signals.progress import ProgressSample, StreamKey
 
 #: Samples this many seconds before the attempt's start still belong to it (clock skew between
 #: nodes and the head node, whole-second start times); older ones are a previous attempt's.
 START_SLACK = 2.0
 
 #: One progress stream: a rank of the job (rank and node as reported; either may be unknown).
-StreamKey = tuple[int | None, str | None]
-
-
-@dataclass(frozen=True)
-class ProgressSample:
-    """One progress report: ``step`` was done by ``ts`` (seconds since the epoch).
-
-    From the progress file (every field the API wrote) or a log line (``rank`` when the line
-    names it; ``node`` where the caller knows it). ``tokens``/``samples`` are running totals of
-    the process; ``step_time`` the rank's own work per step, without waiting for other ranks.
-    """
-
-    ts: float
-    step: int
-    rank: int | None = None
-    node: str | None = None
-    tokens: float | None = None
-    samples: float | None = None
-    loss: float | None = None
-    step_time: float | None = None
-    #: the rank's process ended normally after ``step`` (its last report, written at exit)
-    done: bool = False
-
-    @property
-    def key(self) -> StreamKey:
-        return (self.rank, self.node)
 
 
 @dataclass(frozen=True)
@@ -271,13 +247,6 @@ def _number(value: object) -> float | None:
     return None
 
 
-def of_attempt(ev: Evidence, restart_count: int | None) -> bool:
-    """False when ``ev`` names another attempt of its job (``payload.restart_count``, which the
-    sidecar copies from the job_start); evidence that names none is judged by time alone."""
-    named = ev.payload.get("restart_count")
-    return restart_count is None or type(named) is not int or named == restart_count
-
-
 def progress_samples(
     evidence: Iterable[Evidence],
     job_id: int,
@@ -328,21 +297,6 @@ def progress_samples(
             )
         )
     return samples
-
-
-def rank_node(rank: int | None, world: int, job_nodes: Sequence[str]) -> str | None:
-    """The node of ``rank`` when ``world`` tasks are laid out over ``job_nodes`` by Slurm's
-    default block distribution (the first nodes take one task more when they do not divide
-    evenly). A guess for log lines only: the progress file names the host itself."""
-    if rank is None or not job_nodes or not 0 <= rank < max(world, 1):
-        return None
-    if world <= len(job_nodes):
-        return job_nodes[rank]
-    per_node, extra = divmod(world, len(job_nodes))
-    edge = extra * (per_node + 1)
-    if rank < edge:
-        return job_nodes[rank // (per_node + 1)]
-    return job_nodes[extra + (rank - edge) // per_node]
 
 
 def hang_incidents(
@@ -415,8 +369,6 @@ def log_words(evidence: Sequence[Evidence], job: Job) -> tuple[str, list[int]] |
     """What the attempt's log lines say went wrong (the root, as ``explain-log`` finds it),
     with their evidence ids; None without any. A log line explains a hang past its deadline
     (attribution weighs the same lines); it never makes a running job hung."""
-    from slurm_recovery.decide.joblogs import judge_job_log  # joblogs imports this module
-
     judged = judge_job_log(evidence, job, since=float(job.start_time) - START_SLACK)
     if judged is None or not judged.evidence_ids:
         return None

@@ -14,10 +14,31 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from slurm_recovery.decide.hang import of_attempt, rank_node
 from slurm_recovery.decide.model import Evidence
 from slurm_recovery.scheduler.base import Job
 from slurm_recovery.signals.logs import LogVerdict, classify, match_from_payload
+
+
+def of_attempt(ev: Evidence, restart_count: int | None) -> bool:
+    """False when ``ev`` names another attempt of its job (``payload.restart_count``, which the
+    sidecar copies from the job_start); evidence that names none is judged by time alone."""
+    named = ev.payload.get("restart_count")
+    return restart_count is None or type(named) is not int or named == restart_count
+
+
+def rank_node(rank: int | None, world: int, job_nodes: Sequence[str]) -> str | None:
+    """The node of ``rank`` when ``world`` tasks are laid out over ``job_nodes`` by Slurm's
+    default block distribution (the first nodes take one task more when they do not divide
+    evenly). A guess for log lines only: the progress file names the host itself."""
+    if rank is None or not job_nodes or not 0 <= rank < max(world, 1):
+        return None
+    if world <= len(job_nodes):
+        return job_nodes[rank]
+    per_node, extra = divmod(world, len(job_nodes))
+    edge = extra * (per_node + 1)
+    if rank < edge:
+        return job_nodes[rank // (per_node + 1)]
+    return job_nodes[extra + (rank - edge) // per_node]
 
 
 @dataclass(frozen=True)

@@ -12,16 +12,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from slurm_recovery.contract.catalogue import FaultClass as FaultClass  # re-exported
 from slurm_recovery.scheduler.base import Job, Node
-
-
-class FaultClass(StrEnum):
-    """Who is at fault: decides exclusion/drain (node) versus stop (application)."""
-
-    HARDWARE = "hardware"
-    SYSTEM = "system"
-    APPLICATION = "application"
-    UNKNOWN = "unknown"
 
 
 class IncidentKind(StrEnum):

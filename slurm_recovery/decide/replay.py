@@ -38,7 +38,6 @@ from typing import Any
 
 from slurm_recovery.decide.advise import advise
 from slurm_recovery.decide.attribute import attribute
-from slurm_recovery.decide.catalogue import XidCatalogue
 from slurm_recovery.decide.jobsettings import job_settings, policy_for_job
 from slurm_recovery.decide.model import (
     Advice,
@@ -51,6 +50,7 @@ from slurm_recovery.decide.model import (
 )
 from slurm_recovery.decide.policy import Policy
 from slurm_recovery.scheduler.base import ExitCode, Job, Node
+from slurm_recovery.signals.xid import XidCatalogue
 
 #: The fields an advice is compared on; the first five change what happens.
 EFFECT_FIELDS = ("action", "mode", "exclude", "drain", "needs_operator")

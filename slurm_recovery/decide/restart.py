@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_recovery.contract.hostlist import compress
 from slurm_recovery.decide.model import Action, Mode
-from slurm_recovery.hostlist import compress
 from slurm_recovery.scheduler.base import Job, Node, earliest_restart
 
 #: Job states from which ``requeue_hold`` moves a job back to pending.

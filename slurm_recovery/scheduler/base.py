@@ -1,11 +1,15 @@
 """What the controller needs from Slurm: the records it reads and the steps it takes.
 
 Backends (``scontrol``, ``pyslurm``) implement :class:`Scheduler`; the rest of the project
-reaches Slurm only through a backend (the controller, the watchdog, the sidecar's question
-about a job's output files, ``srecovery compare``). Two exceptions, neither in production: the
-demo submits and cancels jobs as a user would (``sbatch``, ``scancel``), and ``localcluster``
-starts the local cluster's daemons. Every refusal by Slurm becomes a :class:`SchedulerError`
-subclass carrying Slurm's own message, so a failed step is never silent.
+reaches Slurm only through a backend. The controller, the watchdog and ``srecovery slurm`` use
+the configured one through this interface; the sidecar (a job's output files) and ``srecovery
+compare`` use the scontrol backend, and ``compare`` also reads accounting (``sacct``,
+``sacctmgr``), which no method here covers, through that backend's bounded runner
+(``ScontrolScheduler.query``). Two doors bypass the backends, neither in production: the demo
+submits and cancels jobs as a user would (``sbatch``, ``scancel``), and ``localcluster``
+starts the local cluster's daemons and waits for them (``sinfo``, ``scontrol ping``). Every
+refusal by Slurm becomes a :class:`SchedulerError` subclass carrying Slurm's own message, so a
+failed step is never silent.
 """
 
 from __future__ import annotations
@@ -328,7 +332,7 @@ class SchedulerSteps:
     def add_excluded_nodes(
         self, job_id: int, nodes: Iterable[str], drop: Iterable[str] = ()
     ) -> frozenset[str]:
-        from slurm_recovery.hostlist import compress, expand
+        from slurm_recovery.contract.hostlist import compress, expand
 
         job = self.get_job(job_id)
         dropped = frozenset().union(*(expand(n) for n in drop))

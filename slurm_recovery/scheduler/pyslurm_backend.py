@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from slurm_recovery.hostlist import expand
+from slurm_recovery.contract.hostlist import expand
 from slurm_recovery.scheduler.base import (
     ExitCode,
     InvalidRequest,

@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from slurm_recovery import hostlist
+from slurm_recovery.contract import hostlist
+from slurm_recovery.contract.outputs import expand_output_path
 from slurm_recovery.scheduler.base import ExitCode, Job, Node, UnsupportedOutput
-from slurm_recovery.scheduler.paths import expand_output_path
 
 #: Flags that 22.05's job_state_string() reports instead of the base state, in its order
 #: (src/common/slurm_protocol_defs.c@slurm-22-05-8-1).

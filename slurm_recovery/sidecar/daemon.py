@@ -31,15 +31,15 @@ from typing import Any
 import click
 
 from slurm_recovery import __version__, service_notify
-from slurm_recovery.client import ControllerClient
 from slurm_recovery.config import ConfigError, load_config
-from slurm_recovery.controller.wire import MAX_PAYLOAD_BYTES, WireError, parse_event
+from slurm_recovery.contract.client import ControllerClient
+from slurm_recovery.contract.spool import BAD_DIR, EVENTS_DIR
+from slurm_recovery.contract.wire import MAX_PAYLOAD_BYTES, WireError, parse_event
 from slurm_recovery.options import config_option
 from slurm_recovery.sidecar.base import Finding, Source
 from slurm_recovery.sidecar.outbox import Entry, Outbox, OutboxError, Sender
 from slurm_recovery.sidecar.registry import Registry, build
 from slurm_recovery.sidecar.sim import SimError, check_node
-from slurm_recovery.sidecar.spool import BAD_DIR, EVENTS_DIR
 
 log = logging.getLogger("srecovery.sidecar")
 
@@ -243,7 +243,7 @@ class Sidecar:
         for finding in findings:
             event = finding.to_event(self.node)
             try:
-                parse_event(event, f"{finding.kind} finding", source=role)
+                parse_event(event, f"{finding.kind} finding")
             except WireError as exc:
                 log.error("a source produced an invalid event (%s): dead-lettered", exc)
                 self.outbox.dead_letter([Entry(0, role, event, 0)], 0, str(exc))
@@ -427,7 +427,7 @@ class Sidecar:
 
 def _load_catalogue() -> Any:
     try:
-        from slurm_recovery.decide.catalogue import load_xid_catalogue
+        from slurm_recovery.signals.xid import load_xid_catalogue
 
         return load_xid_catalogue()
     except Exception as exc:

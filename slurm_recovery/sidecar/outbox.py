@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from slurm_recovery.client import ClientError
-from slurm_recovery.controller.wire import MAX_EVENTS
+from slurm_recovery.contract.client import ClientError
+from slurm_recovery.contract.wire import MAX_EVENTS
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ class Outbox:
 
 
 class EvidenceClient(Protocol):
-    """What the sender needs of :class:`~slurm_recovery.client.ControllerClient`."""
+    """What the sender needs of :class:`~slurm_recovery.contract.client.ControllerClient`."""
 
     def post_evidence(
         self, events: Sequence[dict[str, Any]], *, role: str, node: str | None = None

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from slurm_recovery.config import SidecarConfig
+from slurm_recovery.contract.spool import HookSpool
 from slurm_recovery.sidecar.base import Source
-from slurm_recovery.sidecar.spool import HookSpool, SpoolSource
+from slurm_recovery.sidecar.spool import SpoolSource
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ SIM_XID_SOURCE = "slurm_recovery.sidecar.sim:SimXidSource"
 JOBLOG_SOURCE = "slurm_recovery.sidecar.sources.joblog:JobLogSource"
 PROGRESSFILE_SOURCE = "slurm_recovery.sidecar.sources.progressfile:ProgressFileSource"
 GPU_ACTIVITY_SOURCE = "slurm_recovery.sidecar.sources.gpuactivity:GpuActivitySource"
+HOST_SOURCE = "slurm_recovery.sidecar.sources.host:HostSource"
 
 
 def load(target: str) -> Any:
@@ -113,6 +115,7 @@ def build(
     attempt("joblog", lambda: load(JOBLOG_SOURCE)(node, resolve_paths))
     if job_dir is not None:
         attempt("progressfile", lambda: load(PROGRESSFILE_SOURCE)(node, str(job_dir)))
+    attempt("host", lambda: load(HOST_SOURCE)())
     return registry
 
 

@@ -1,6 +1,9 @@
-"""Signals from job logs: the log signature catalogue, the scanner and log attribution.
+"""Evidence parsers and their catalogues, below the decision core and the sidecar.
 
-See :mod:`slurm_recovery.signals.logs` and docs/signatures.md.
+:mod:`~slurm_recovery.signals.logs`: the log signature catalogue, the scanner and log
+attribution (docs/signatures.md); :mod:`~slurm_recovery.signals.xid`: NVIDIA XID lines and the
+XID catalogue; :mod:`~slurm_recovery.signals.progress` and
+:mod:`~slurm_recovery.signals.flight_recorder`: training progress and NCCL flight-recorder dumps.
 """
 
 from slurm_recovery.signals.logs import (

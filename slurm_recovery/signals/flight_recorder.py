@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_recovery.jobdir import NCCL_TRACE_PREFIX
+from slurm_recovery.contract.jobdir import NCCL_TRACE_PREFIX
 
 __all__ = [
     "DUMP_PREFIXES",

@@ -26,18 +26,22 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import islice, repeat
-from typing import Any
+from typing import Annotated, Any, Self
 
-from slurm_recovery.config import ConfigError, did_you_mean
-from slurm_recovery.decide.catalogue import (
+import msgspec
+
+from slurm_recovery.schema import Checked, Choice, SchemaError, parse_toml
+from slurm_recovery.signals.xid import (
+    Text,
     XidCatalogue,
-    catalogue_tables,
+    catalogue_entries,
+    entry_problem,
     is_knock_on,
     load_xid_catalogue,
     log_action,
+    parse_xid_line,
     read_catalogue,
 )
-from slurm_recovery.sidecar.sources.kmsg import parse_xid_line
 
 __all__ = [
     "ACTIONS",
@@ -59,23 +63,6 @@ __all__ = [
 CLASSES = ("hardware", "system", "application", "unknown")
 ACTIONS = ("requeue_exclude", "requeue", "stop", "none")
 PARSERS = ("regex", "xid")
-_KEYS = (
-    "id",
-    "description",
-    "keywords",
-    "pattern",
-    "class",
-    "category",
-    "action",
-    "knock_on",
-    "decisive",
-    "blame_node",
-    "example",
-    "parser",
-    "knock_on_xids",
-    "escalate_after",
-)
-_REQUIRED = ("id", "description", "keywords", "class", "category", "action", "example")
 _ID = re.compile(r"^[a-z][a-z0-9_]*\.[a-z0-9_]+$")
 #: Longest line kept in a match (a log line can be megabytes of tensor dump).
 MAX_TEXT = 500
@@ -85,8 +72,74 @@ _BATCH = 4096
 _CHUNK = 8 << 20
 
 
-class SignatureError(ConfigError):
-    """The signature catalogue cannot be used. One line per problem: file, entry, key, fix."""
+class SignatureError(SchemaError):
+    """The signature catalogue cannot be used. One line per problem: file, line, entry, key, fix."""
+
+
+class SignatureId(str, Checked):
+    LABEL = "family.name"
+
+    @classmethod
+    def check(cls, value: Any) -> Self:
+        if not isinstance(value, str) or not _ID.match(value):
+            raise ValueError("write family.name in lower case (nccl.remote_error)")
+        return cls(value)
+
+
+class Pattern(str, Checked):
+    """A Python regex that cannot backtrack catastrophically (:func:`nested_quantifiers`)."""
+
+    LABEL = "regex"
+
+    @classmethod
+    def check(cls, value: Any) -> Self:
+        if not isinstance(value, str) or not value:
+            raise ValueError("must be a non-empty regex in single quotes ('a\\d+')")
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid Python regex: {exc}") from None
+        nested = nested_quantifiers(value)
+        if nested:
+            raise ValueError(
+                f"nested quantifiers ({', '.join(nested)}) can backtrack catastrophically; "
+                "bound or flatten the inner repeat"
+            )
+        return cls(value)
+
+
+class SignatureClass(Choice):
+    OPTIONS = CLASSES
+
+
+class SignatureAction(Choice):
+    OPTIONS = ACTIONS
+
+
+class Parser(Choice):
+    OPTIONS = PARSERS
+
+
+class SignatureEntry(
+    msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True, rename={"klass": "class"}
+):
+    """The schema of one ``[[signature]]`` entry (the file's header says what each key means);
+    :func:`_signature` checks the rules across keys and builds the :class:`Signature`."""
+
+    id: SignatureId
+    description: Text
+    keywords: Annotated[tuple[Text, ...], msgspec.Meta(min_length=1)]
+    klass: SignatureClass
+    category: Text
+    action: SignatureAction
+    example: Text
+    pattern: Pattern | None = None
+    parser: Parser = Parser("regex")
+    knock_on: bool = False
+    decisive: bool = False
+    blame_node: bool = False
+    knock_on_xids: tuple[Annotated[int, msgspec.Meta(ge=0)], ...] = ()
+    escalate_after: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 @dataclass(frozen=True)
@@ -1218,174 +1271,110 @@ def load_signatures(
     path: str | os.PathLike[str] | None = None, *, xids: XidCatalogue | None = None
 ) -> SignatureCatalogue:
     """Read and check a signature catalogue; ``None`` reads the one shipped with the package."""
-    text, source = read_catalogue(
-        path,
-        package="slurm_recovery.signals",
-        name="signatures.toml",
-        what="the signature catalogue",
-        error=SignatureError,
+    text, data, source = read_catalogue(
+        path, name="signatures.toml", what="the signature catalogue", error=SignatureError
     )
-    return signatures_from_toml(text, source, xids=xids)
+    return _catalogue(text, data, source, xids)
 
 
 def signatures_from_toml(
     text: str, source: str = "<string>", *, xids: XidCatalogue | None = None
 ) -> SignatureCatalogue:
     """Parse and check catalogue ``text``; ``source`` is named in every error."""
+    try:
+        data = parse_toml(text, source)
+    except SchemaError as exc:
+        raise SignatureError(*exc.problems) from None
+    return _catalogue(text, data, source, xids)
+
+
+def _catalogue(
+    text: str, data: dict[str, Any], source: str, xids: XidCatalogue | None
+) -> SignatureCatalogue:
     xids = xids if xids is not None else load_xid_catalogue()
-    tables, problems = catalogue_tables(text, source, "signature", SignatureError)
-    signatures: list[Signature] = []
-    seen: set[str] = set()
-    for position, table in enumerate(tables, start=1):
-        signature = _entry(source, position, table, problems)
-        if signature is None:
-            continue
-        if signature.id in seen:
-            problems.append(f"{source}: [[signature]] {signature.id}: listed twice; keep one")
-            continue
-        seen.add(signature.id)
-        signatures.append(signature)
+    read, problems = catalogue_entries(text, data, source, "signature", SignatureEntry)
+    signatures: dict[str, tuple[int, Signature]] = {}
+    for index, entry in read:
+        broken = [
+            entry_problem(source, text, ("signature", index, key), problem)
+            for key, problem in _broken_rules(entry)
+        ]
+        if entry.id in signatures:
+            broken.append(
+                entry_problem(
+                    source,
+                    text,
+                    ("signature", index, "id"),
+                    f"{entry.id} is listed twice; keep one",
+                )
+            )
+        problems.extend(broken)
+        if not broken:
+            signatures[entry.id] = (index, _signature(entry))
     if problems:
         raise SignatureError(*problems)
-    catalogue = SignatureCatalogue(tuple(signatures), xids, source)
-    for signature in signatures:
+    catalogue = SignatureCatalogue(tuple(s for _, s in signatures.values()), xids, source)
+    for index, signature in signatures.values():
         found = next(catalogue.scan([signature.example]), None)
         if found is None or found.signature_id != signature.id:
             got = "nothing" if found is None else found.signature_id
             problems.append(
-                f"{source}: [[signature]] {signature.id}: its example is recognised as {got}; "
-                "fix the pattern or keywords, or move the entry before the one that takes it"
+                entry_problem(
+                    source,
+                    text,
+                    ("signature", index, "example"),
+                    f"recognised as {got}, not as {signature.id}; fix the pattern or keywords, "
+                    "or move the entry before the one that takes it",
+                )
             )
     if problems:
         raise SignatureError(*problems)
     return catalogue
 
 
-def _entry(source: str, position: int, table: Any, problems: list[str]) -> Signature | None:
-    where = f"{source}: [[signature]] #{position}"
-    if not isinstance(table, Mapping):
-        problems.append(f"{where}: not a table; write [[signature]] and its keys below it")
-        return None
-    if isinstance(table.get("id"), str):
-        where = f"{source}: [[signature]] {table['id']}"
-    before = len(problems)
-    for key in table:
-        if key not in _KEYS:
-            problems.append(
-                f"{where}: {key}: unknown key{did_you_mean(key, _KEYS)} (keys: {', '.join(_KEYS)})"
+def _broken_rules(entry: SignatureEntry) -> list[tuple[str, str]]:
+    """The rules across an entry's keys that it breaks: (key, problem)."""
+    node_class = entry.klass in ("hardware", "system")
+    broken = []
+    if entry.blame_node and not node_class:
+        problem = f"true with class {entry.klass}: only hardware or system lines blame a node"
+        broken.append(("blame_node", problem))
+    if entry.knock_on and (entry.blame_node or entry.decisive):
+        broken.append(
+            ("knock_on", "true: a knock-on symptom is neither decisive nor blames a node")
+        )
+    if entry.parser == "regex" and entry.pattern is None:
+        broken.append(("pattern", "missing; a regex signature needs a pattern"))
+    if entry.parser != "regex" and entry.pattern is not None:
+        broken.append(("pattern", f"not used with parser = {entry.parser!r}; remove it"))
+    if entry.knock_on_xids and entry.parser != "xid":
+        broken.append(("knock_on_xids", 'only for parser = "xid"'))
+    if entry.escalate_after and (entry.escalate_after < 2 or not entry.knock_on or not node_class):
+        broken.append(
+            (
+                "escalate_after",
+                "only for a hardware or system warning (knock_on = true), and at least 2",
             )
-    for key in _REQUIRED:
-        if key not in table:
-            problems.append(f"{where}: {key} is missing; every entry needs {', '.join(_REQUIRED)}")
-    if len(problems) > before:
-        return None
-    ident = table["id"]
-    if not isinstance(ident, str) or not _ID.match(ident):
-        problems.append(
-            f"{where}: id = {ident!r}: write family.name in lower case (nccl.remote_error)"
         )
-    for key in ("description", "example", "category"):
-        value = table[key]
-        if not isinstance(value, str) or not value.strip() or "\n" in value:
-            problems.append(f"{where}: {key} = {value!r}: must be a non-empty one-line text")
-    keywords = table["keywords"]
-    if (
-        not isinstance(keywords, list)
-        or not keywords
-        or not all(isinstance(k, str) and k for k in keywords)
-    ):
-        problems.append(f"{where}: keywords: must be a list of non-empty literal texts")
-        keywords = []
-    klass, action = table["class"], table["action"]
-    if klass not in CLASSES:
-        problems.append(
-            f"{where}: class = {klass!r}: must be one of {', '.join(CLASSES)}"
-            + did_you_mean(str(klass), CLASSES)
-        )
-    if action not in ACTIONS:
-        problems.append(
-            f"{where}: action = {action!r}: must be one of {', '.join(ACTIONS)}"
-            + did_you_mean(str(action), ACTIONS)
-        )
-    flags = {}
-    for key in ("knock_on", "decisive", "blame_node"):
-        value = table.get(key, False)
-        if not isinstance(value, bool):
-            problems.append(f"{where}: {key} = {value!r}: must be true or false (no quotes)")
-        flags[key] = value is True
-    if flags["blame_node"] and klass not in ("hardware", "system"):
-        problems.append(
-            f"{where}: blame_node = true with class {klass}: "
-            "only hardware or system lines blame a node"
-        )
-    if flags["knock_on"] and (flags["blame_node"] or flags["decisive"]):
-        problems.append(
-            f"{where}: knock_on = true: a knock-on symptom is neither decisive nor blames a node"
-        )
-    parser = table.get("parser", "regex")
-    if parser not in PARSERS:
-        problems.append(f"{where}: parser = {parser!r}: must be one of {', '.join(PARSERS)}")
-    regex: re.Pattern[str] | None = None
-    if parser == "regex":
-        pattern = table.get("pattern")
-        if not isinstance(pattern, str) or not pattern:
-            problems.append(f"{where}: pattern is missing; a regex signature needs a pattern")
-        else:
-            try:
-                regex = re.compile(pattern)
-            except re.error as exc:
-                problems.append(f"{where}: pattern: not a valid Python regex: {exc}")
-            else:
-                nested = nested_quantifiers(pattern)
-                if nested:
-                    problems.append(
-                        f"{where}: pattern: nested quantifiers ({', '.join(nested)}) can backtrack "
-                        "catastrophically; bound or flatten the inner repeat"
-                    )
-    elif "pattern" in table:
-        problems.append(f"{where}: pattern: not used with parser = {parser!r}; remove it")
-    knock_on_xids = table.get("knock_on_xids", [])
-    if not isinstance(knock_on_xids, list) or not all(
-        isinstance(x, int) and not isinstance(x, bool) for x in knock_on_xids
-    ):
-        problems.append(f"{where}: knock_on_xids: must be a list of XID numbers")
-        knock_on_xids = []
-    elif knock_on_xids and parser != "xid":
-        problems.append(f'{where}: knock_on_xids: only for parser = "xid"')
-    escalate_after = table.get("escalate_after", 0)
-    if (
-        not isinstance(escalate_after, int)
-        or isinstance(escalate_after, bool)
-        or escalate_after < 0
-    ):
-        problems.append(
-            f"{where}: escalate_after = {escalate_after!r}: must be a whole number >= 2"
-        )
-        escalate_after = 0
-    elif escalate_after and (
-        escalate_after < 2 or not flags["knock_on"] or klass not in ("hardware", "system")
-    ):
-        problems.append(
-            f"{where}: escalate_after: only for a hardware or system warning (knock_on = true), "
-            "and at least 2"
-        )
-    if len(problems) > before:
-        return None
+    return broken
+
+
+def _signature(entry: SignatureEntry) -> Signature:
     return Signature(
-        id=ident,
-        description=table["description"].strip(),
-        keywords=tuple(keywords),
-        regex=regex,
-        fault_class=klass,
-        category=table["category"].strip(),
-        action=action,
-        example=table["example"],
-        knock_on=flags["knock_on"],
-        decisive=flags["decisive"],
-        blame_node=flags["blame_node"],
-        parser=parser,
-        knock_on_xids=frozenset(knock_on_xids),
-        escalate_after=escalate_after,
+        id=str(entry.id),
+        description=entry.description.strip(),
+        keywords=tuple(str(k) for k in entry.keywords),
+        regex=re.compile(entry.pattern) if entry.pattern is not None else None,
+        fault_class=str(entry.klass),
+        category=entry.category.strip(),
+        action=str(entry.action),
+        example=str(entry.example),
+        knock_on=entry.knock_on,
+        decisive=entry.decisive,
+        blame_node=entry.blame_node,
+        parser=str(entry.parser),
+        knock_on_xids=frozenset(entry.knock_on_xids),
+        escalate_after=entry.escalate_after,
     )
 
 

@@ -24,7 +24,34 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from slurm_recovery.decide.hang import ProgressSample
+#: A progress stream: one rank's reports (rank), or one node's (node) when no rank is known.
+StreamKey = tuple[int | None, str | None]
+
+
+@dataclass(frozen=True)
+class ProgressSample:
+    """One progress report: ``step`` was done by ``ts`` (seconds since the epoch).
+
+    From the progress file (every field the API wrote) or a log line (``rank`` when the line
+    names it; ``node`` where the caller knows it). ``tokens``/``samples`` are running totals of
+    the process; ``step_time`` the rank's own work per step, without waiting for other ranks.
+    """
+
+    ts: float
+    step: int
+    rank: int | None = None
+    node: str | None = None
+    tokens: float | None = None
+    samples: float | None = None
+    loss: float | None = None
+    step_time: float | None = None
+    #: the rank's process ended normally after ``step`` (its last report, written at exit)
+    done: bool = False
+
+    @property
+    def key(self) -> StreamKey:
+        return (self.rank, self.node)
+
 
 __all__ = [
     "BUILTIN_PATTERNS",

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_recovery.contract.wire import WireError, WireEvent
+
 from .attempts import JobAttempt
 from .values import (
     check_int,
@@ -55,6 +57,22 @@ class Evidence:
         payload_json = check_payload(self.payload, "Evidence.payload")
         object.__setattr__(self, "payload", json.loads(payload_json))
         object.__setattr__(self, "_payload_json", payload_json)
+
+    @classmethod
+    def from_wire(cls, event: WireEvent, source: str) -> Evidence:
+        """An event as a sender sent it, from ``source`` (the sender's authenticated role)."""
+        try:
+            return cls(
+                source=source,
+                kind=event.kind,
+                observed_at=event.observed_at,
+                node=event.node,
+                gpu=event.gpu,
+                payload=event.payload,
+                job_id=event.job_id,
+            )
+        except (TypeError, ValueError) as exc:
+            raise WireError(str(exc)) from exc
 
     @classmethod
     def stored(

@@ -15,9 +15,10 @@ import time
 import pytest
 
 from slurm_recovery.sidecar.base import GPU_CHECKS
-from slurm_recovery.sidecar.gpu import GpuBackend, normalize_pci_bus_id, pci_index
+from slurm_recovery.sidecar.gpu import GpuBackend, pci_index
 from slurm_recovery.sidecar.gpu.nvml import NvmlBackend
-from slurm_recovery.sidecar.sources.kmsg import KmsgSource, parse_xid_line
+from slurm_recovery.sidecar.sources.kmsg import KmsgSource
+from slurm_recovery.signals.xid import normalize_pci_bus_id, parse_xid_line
 
 TIMEOUT = 10.0
 

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.auth import requests
-from slurm_recovery.controller.wire import EVENT_FIELDS, MAX_EVENTS, event_to_json
+from slurm_recovery.contract import requests
+from slurm_recovery.contract.wire import EVENT_FIELDS, MAX_EVENTS, event_to_json
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from tests.conftest import _free_port_block
 

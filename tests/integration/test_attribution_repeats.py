@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from slurm_recovery.controller.wire import event_to_json
+from slurm_recovery.contract.wire import event_to_json
 from tests.conftest import wait_for
 from tests.integration.test_log_lines_and_cleared_evidence import act_stack, slurm, srecovery
 

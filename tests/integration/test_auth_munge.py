@@ -26,11 +26,11 @@ from slurm_recovery.auth import (
     ReplayCache,
     authorize_evidence,
     authorize_operator,
-    munge,
     sign,
     verify,
 )
-from slurm_recovery.auth.requests import claim
+from slurm_recovery.contract import munge
+from slurm_recovery.contract.requests import claim
 
 pytestmark = pytest.mark.cluster
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.client import ClientError, ControllerClient
+from slurm_recovery.contract.client import ClientError, ControllerClient
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from tests.conftest import _free_port_block, wait_for
 

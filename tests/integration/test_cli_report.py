@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_recovery import devstack
-from slurm_recovery.client import ControllerClient
+from slurm_recovery.contract.client import ControllerClient
 from tests.conftest import _free_port_block, wait_for
 
 pytestmark = pytest.mark.cluster

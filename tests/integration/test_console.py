@@ -24,7 +24,7 @@ import pyte
 import pytest
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.client import ControllerClient
+from slurm_recovery.contract.client import ControllerClient
 from tests.conftest import _free_port_block, wait_for
 from tests.screen import panel, row, title
 

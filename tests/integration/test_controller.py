@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.auth import requests
-from slurm_recovery.client import ClientError, ControllerClient
-from slurm_recovery.controller.wire import event_to_json
+from slurm_recovery.contract import requests
+from slurm_recovery.contract.client import ClientError, ControllerClient
+from slurm_recovery.contract.wire import event_to_json
 from slurm_recovery.scheduler import Job
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.store import Store

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_recovery import hostlist, localcluster
+from slurm_recovery import localcluster
 from slurm_recovery.cli import cli
 from slurm_recovery.cli.demo import TRAIN_PY
+from slurm_recovery.contract import hostlist
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]

@@ -21,7 +21,7 @@ import pytest
 
 from bench import soak_faults
 from slurm_recovery import localcluster
-from slurm_recovery.controller.wire import event_to_json
+from slurm_recovery.contract.wire import event_to_json
 from slurm_recovery.sidecar.sim import inject
 from tests.conftest import _free_port_block, wait_for
 from tests.integration import test_controller
@@ -232,7 +232,7 @@ def test_the_stores_disk_full_is_a_clear_503_nothing_corrupt_nothing_lost(
     stacks, local_cluster, tmp_path
 ):
     from slurm_recovery import devstack
-    from slurm_recovery.client import ClientError
+    from slurm_recovery.contract.client import ClientError
 
     disk = Path(tempfile.mkdtemp(prefix="srecovery-faults-disk-"))
     mounted = subprocess.run(

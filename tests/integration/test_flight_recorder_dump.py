@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from slurm_recovery.localcluster import free_port_block
 from slurm_recovery.signals.flight_recorder import read_dumps, stuck_collective
 
 RANK = textwrap.dedent(
@@ -42,6 +43,7 @@ def test_a_stalled_job_dumps_and_the_reader_names_the_rank_that_never_entered(tm
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     root = Path(__file__).resolve().parents[2]
+    port = free_port_block(1)  # free now, not one derived from the pid: other runs share it
     procs = []
     for rank in (0, 1):
         env = dict(
@@ -49,7 +51,7 @@ def test_a_stalled_job_dumps_and_the_reader_names_the_rank_that_never_entered(tm
             RANK=str(rank),
             WORLD_SIZE="2",
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(29_000 + os.getpid() % 1000),
+            MASTER_PORT=str(port),
             SRECOVERY_PROGRESS_FILE=str(tmp_path / "progress.jsonl"),
             TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(tmp_path / "nccl_trace_rank_"),
             PYTHONPATH=str(root),

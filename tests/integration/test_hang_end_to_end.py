@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.client import ControllerClient
+from slurm_recovery.contract.client import ControllerClient
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.store import Store
 from tests.conftest import _free_port_block, wait_for

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from slurm_recovery import devstack, hooks, localcluster
+from slurm_recovery.contract.spool import read_spooled
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.store import Store
 from tests.conftest import _free_port_block, wait_for
@@ -43,7 +44,7 @@ class HookCluster:
 
     def node_events(self, node: str, job_id: int) -> list[dict]:
         spool = self.base / "spool" / node
-        return [e for e in hooks.read_spooled(spool) if e.get("job_id") == job_id]
+        return [e for e in read_spooled(spool) if e.get("job_id") == job_id]
 
     def wait_events(self, node: str, job_id: int, count: int) -> list[dict]:
         """The node's spooled events for the job, once there are ``count`` of them."""
@@ -52,7 +53,7 @@ class HookCluster:
 
     def ctld_events(self, job_id: int) -> list[dict]:
         spool = self.base / "spool" / "controller"
-        return [e for e in hooks.read_spooled(spool) if e.get("job_id") == job_id]
+        return [e for e in read_spooled(spool) if e.get("job_id") == job_id]
 
     def submit(self, *args: str) -> int:
         out = subprocess.run(

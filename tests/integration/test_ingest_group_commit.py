@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from slurm_recovery.auth import requests
-from slurm_recovery.controller.wire import event_to_json
+from slurm_recovery.contract import requests
+from slurm_recovery.contract.wire import event_to_json
 from slurm_recovery.store import Store
 from tests.integration.test_controller import _post, scheduler, stacks  # noqa: F401
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.auth import requests
-from slurm_recovery.client import ControllerClient
-from slurm_recovery.controller.wire import event_to_json
+from slurm_recovery.contract import requests
+from slurm_recovery.contract.client import ControllerClient
+from slurm_recovery.contract.wire import event_to_json
 from slurm_recovery.sidecar.outbox import EMPTY, Outbox, Sender
 from tests.conftest import _free_port_block
 

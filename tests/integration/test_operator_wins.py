@@ -107,7 +107,7 @@ def test_an_operator_report_on_an_idle_node_drains_it_in_act_mode(
     stacks,  # noqa: F811
     scheduler,  # noqa: F811
 ):
-    from slurm_recovery.controller.wire import event_to_json
+    from slurm_recovery.contract.wire import event_to_json
 
     stack = stacks("act")
     idle = next(n.name for n in scheduler.list_nodes() if not n.drained and n.state == "IDLE")

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.controller.wire import event_to_json
-from slurm_recovery.sidecar.spool import HookSpool
+from slurm_recovery.contract.spool import HookSpool
+from slurm_recovery.contract.wire import event_to_json
 from slurm_recovery.store import Store
 from tests.conftest import _free_port_block, wait_for
 

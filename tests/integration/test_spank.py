@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from slurm_recovery import devstack, hooks, localcluster
+from slurm_recovery.contract.spool import read_spooled
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from tests.conftest import SLURM_PREFIX, _free_port_block, wait_for
 
@@ -101,7 +102,7 @@ class SpankCluster:
             spool = self.base / "spool" / node
             return [
                 e
-                for e in hooks.read_spooled(spool)
+                for e in read_spooled(spool)
                 if e.get("job_id") == job_id and e["kind"] == "job_start"
             ]
 

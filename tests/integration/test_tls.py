@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.client import ClientError, ControllerClient
-from slurm_recovery.controller.wire import event_to_json
+from slurm_recovery.contract.client import ClientError, ControllerClient
+from slurm_recovery.contract.wire import event_to_json
 from tests.conftest import _free_port_block
 
 pytestmark = pytest.mark.cluster

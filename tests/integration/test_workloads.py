@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.client import ClientError, ControllerClient
+from slurm_recovery.contract.client import ClientError, ControllerClient
 from slurm_recovery.scheduler.base import Job
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.store import Store

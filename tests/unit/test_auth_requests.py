@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from slurm_recovery.auth import AuthError, ReplayCache, munge, requests
-from slurm_recovery.auth.requests import claim, verify
+from slurm_recovery.auth import AuthError, ReplayCache
+from slurm_recovery.contract import munge, requests
+from slurm_recovery.contract.requests import claim, verify
 
 NO_MUNGED = "/nonexistent/munge.socket"
 

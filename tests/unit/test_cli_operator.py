@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_recovery.cli import cli, operator_cmds
-from slurm_recovery.client import ClientError
+from slurm_recovery.contract.client import ClientError
 
 
 def iso(seconds_ago: float) -> str:

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from slurm_recovery.cli import cli
 from slurm_recovery.cli.common import PrintableStream, printable, table
+from slurm_recovery.contract.wire import WireError
 from slurm_recovery.controller.service import check_operator_report
-from slurm_recovery.controller.wire import WireError
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.store import Evidence
 

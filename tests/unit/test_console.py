@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from slurm_recovery.cli import console
-from slurm_recovery.client import ClientError
+from slurm_recovery.contract.client import ClientError
 from tests.screen import cells, panel, row, title
 
 #: Local noon today: the console prints a time without its date only when it is today, and the

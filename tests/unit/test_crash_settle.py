@@ -8,8 +8,9 @@ from slurm_recovery.controller.loop import Reconciler
 from slurm_recovery.decide.model import FaultClass
 from slurm_recovery.scheduler.base import ExitCode
 from slurm_recovery.store import Store
+from tests.fakeslurm import FakeSlurm
 from tests.unit.test_loop_faults import reconciler
-from tests.unit.test_replay import NOW, WIDE, FakeSlurm, job, nodes, xid
+from tests.unit.test_replay import NOW, WIDE, job, nodes, xid
 
 CRASHED = job("FAILED", exit_code=ExitCode(1, 0))
 

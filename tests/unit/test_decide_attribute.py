@@ -9,10 +9,10 @@ import pytest
 
 from slurm_recovery.decide import attribute as attribution
 from slurm_recovery.decide.attribute import attribute, node_is_down
-from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.decide.model import Evidence, FaultClass, Incident, IncidentKind
 from slurm_recovery.decide.policy import EvidenceWindow, Policy
 from slurm_recovery.scheduler.base import ExitCode, Job, Node
+from slurm_recovery.signals.xid import load_xid_catalogue
 
 CATALOGUE = load_xid_catalogue()
 POLICY = Policy()

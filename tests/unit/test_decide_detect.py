@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.decide.detect import FAILED_STATES, START_SLACK, detect
 from slurm_recovery.decide.model import ClusterView, Evidence, IncidentKind
 from slurm_recovery.decide.policy import Policy
 from slurm_recovery.scheduler.base import ExitCode, Job, Node
+from slurm_recovery.signals.xid import load_xid_catalogue
 
 CATALOGUE = load_xid_catalogue()
 POLICY = Policy()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from slurm_recovery.decide.advise import advise
 from slurm_recovery.decide.attribute import attribute
-from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.decide.hang import hang_incidents, progress_samples
 from slurm_recovery.decide.model import Action, ClusterView, Evidence, FaultClass, IncidentKind
 from slurm_recovery.decide.policy import policy_from_toml
 from slurm_recovery.scheduler.base import Job, Node
+from slurm_recovery.signals.xid import load_xid_catalogue
 
 POLICY = policy_from_toml(
     '[hang]\nfloor = "5s"\nceiling = "1m"\ninterval_multiple = 3.0\nstartup_grace = "1m"\n'

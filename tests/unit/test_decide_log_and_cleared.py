@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from slurm_recovery.controller.views import open_findings
 from slurm_recovery.decide.advise import advise
 from slurm_recovery.decide.attribute import attribute
-from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.decide.cleared import cleared_ids
 from slurm_recovery.decide.detect import detect
 from slurm_recovery.decide.hang import hang_incidents
@@ -27,6 +26,7 @@ from slurm_recovery.decide.model import (
 from slurm_recovery.decide.policy import EvidenceWindow, Policy
 from slurm_recovery.decide.replay import case_from_json, replay_case
 from slurm_recovery.scheduler.base import ExitCode, Job, Node
+from slurm_recovery.signals.xid import load_xid_catalogue
 
 CATALOGUE = load_xid_catalogue()
 POLICY = Policy()

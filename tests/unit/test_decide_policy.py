@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -214,13 +215,13 @@ def test_zero_caps_are_allowed():
     ("text", "key", "words"),
     [
         ('mode = "acting"', "mode", "must be one of monitor, act"),
-        ("mode = 1", "mode", "quoted string"),
-        ("max_restarts = -1", "max_restarts", "cannot be negative"),
+        ("mode = 1", "mode", "must be a string"),
+        ("max_restarts = -1", "max_restarts", "must be at least 0"),
         ("max_restarts = 2.5", "max_restarts", "whole number"),
         ("max_restarts = true", "max_restarts", "whole number"),
         ('max_excluded_nodes = "2"', "max_excluded_nodes", "whole number"),
         ("do_not_requeue_exit_codes = 93", "do_not_requeue_exit_codes", "must be a list"),
-        ("do_not_requeue_exit_codes = [300]", "do_not_requeue_exit_codes", "0-255"),
+        ("do_not_requeue_exit_codes = [300]", "do_not_requeue_exit_codes[0]", "from 0 to 255"),
         ('[partitions.gpu]\nmode = "akt"', "partitions.gpu.mode", "did you mean 'act'"),
         ('[classes.hardware]\naction = "restart"', "classes.hardware.action", "requeue_exclude"),
         ('[classes.hardware]\ndrain = "yes"', "classes.hardware.drain", "true or false"),
@@ -229,7 +230,7 @@ def test_zero_caps_are_allowed():
             "classes.system.drain_min_confidence",
             "from 0 to 1",
         ),
-        ("[blast_radius]\nmax_nodes = -3", "blast_radius.max_nodes", "cannot be negative"),
+        ("[blast_radius]\nmax_nodes = -3", "blast_radius.max_nodes", "must be at least 0"),
         ("[blast_radius]\nmax_percent = 120", "blast_radius.max_percent", "from 0 to 100"),
         ("[blast_radius]\nmax_percent = nan", "blast_radius.max_percent", "from 0 to 100"),
         ('[blast_radius]\nwindow = "0s"', "blast_radius.window", "more than 0"),
@@ -244,34 +245,42 @@ def test_zero_caps_are_allowed():
             "fatal_evidence_window.window_after",
             "duration",
         ),
+        (
+            '[fatal_evidence_window]\nsettle = "2m"',
+            "fatal_evidence_window.settle",
+            "must be at most 60 seconds",
+        ),
     ],
 )
 def test_bad_values_name_file_key_and_fix(text, key, words):
     message = problem(text)
-    assert message.startswith(f"policy.toml: {key} = ")
+    assert re.match(rf"policy\.toml:\d+: {re.escape(key)} = ", message), message
     assert words in message
 
 
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("max_restart = 3", "max_restart: unknown key; did you mean max_restarts?"),
-        ('window = "1h"', "did you mean blast_radius.window?"),
+        ("max_restart = 3", "max_restart: unknown key (did you mean 'max_restarts'?)"),
+        ('window = "1h"', "(did you mean 'blast_radius.window'?): write it under [blast_radius]"),
         (
             "[blast_radius]\nmax_node = 3",
-            "blast_radius.max_node: unknown key; did you mean blast_radius.max_nodes?",
+            "blast_radius.max_node: unknown key (did you mean 'blast_radius.max_nodes'?)",
         ),
-        ("[blast_radius]\nmax_restarts = 3", "did you mean max_restarts? (a top-level key"),
+        ("[blast_radius]\nmax_restarts = 3", "(did you mean 'max_restarts'?): a top-level key"),
         ('[fatal_evidence_window]\nbefore = "1m"', "fatal_evidence_window.before: unknown key"),
         (
             "[blast_radis]\nmax_nodes = 3",
-            "[blast_radis]: unknown section; did you mean [blast_radius]?",
+            "policy.toml:1: blast_radis: unknown table (did you mean '[blast_radius]'?)",
         ),
-        ('[classes.hardwre]\naction = "stop"', "unknown fault class (did you mean 'hardware'?)"),
-        ("[classes.hardware]\ndrian = true", "did you mean classes.hardware.drain?"),
-        ('[partitions.gpu]\nmod = "act"', "did you mean partitions.gpu.mode?"),
+        (
+            '[classes.hardwre]\naction = "stop"',
+            "classes.hardwre: unknown table (did you mean '[classes.hardware]'?)",
+        ),
+        ("[classes.hardware]\ndrian = true", "(did you mean 'classes.hardware.drain'?)"),
+        ('[partitions.gpu]\nmod = "act"', "(did you mean 'partitions.gpu.mode'?)"),
         ('[partitions]\ngpu = "act"', "write [partitions.gpu]"),
-        ('classes = "x"', "classes is a section"),
+        ('classes = "x"', "classes = 'x': must be a table: write [classes]"),
         ("[classes.application]\ndrain = true", "never implicates a node"),
         ("[classes.unknown]\ndrain_min_confidence = 0.5", "never implicates a node"),
         ('[partitions."a,b"]\nmode = "act"', "not a Slurm partition name"),
@@ -287,8 +296,21 @@ def test_every_problem_is_reported_at_once():
     assert len(caught.value.problems) == 3
 
 
+def test_every_problem_of_one_table_is_reported_with_its_line():
+    with pytest.raises(PolicyError) as caught:
+        policy_from_toml(
+            '[partitions." "]\nmode = "act"\n[hang]\nfloor = "0s"\nrecent_intervals = 0\n',
+            "policy.toml",
+        )
+    assert [p.split(": ")[:2] for p in caught.value.problems] == [
+        ["policy.toml:1", '[partitions." "]'],
+        ["policy.toml:4", "hang.floor = '0s'"],
+        ["policy.toml:5", "hang.recent_intervals = 0"],
+    ]
+
+
 def test_syntax_errors_name_the_file():
-    assert problem("mode = act\n").startswith("policy.toml: invalid TOML")
+    assert problem("mode = act\n").startswith("policy.toml:1: invalid TOML")
     assert "strings must be quoted" in problem("mode = act\n")
 
 
@@ -334,7 +356,7 @@ def test_errors_from_a_file_name_the_file(tmp_path):
     path = write(tmp_path, "max_restarts = -1\n")
     with pytest.raises(PolicyError) as caught:
         load_policy(path)
-    assert str(caught.value).startswith(f"{path}: max_restarts = -1")
+    assert str(caught.value).startswith(f"{path}:1: max_restarts = -1")
 
 
 def test_a_world_writable_folder_is_refused(tmp_path):

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from slurm_recovery.decide.advise import advise, after_drains
 from slurm_recovery.decide.attribute import attribute
-from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.decide.detect import detect
 from slurm_recovery.decide.joblogs import line_nodes
 from slurm_recovery.decide.model import (
@@ -36,6 +35,7 @@ from slurm_recovery.decide.policy import (
 )
 from slurm_recovery.scheduler.base import ExitCode, Job, Node
 from slurm_recovery.signals.logs import default_catalogue
+from slurm_recovery.signals.xid import load_xid_catalogue
 
 CATALOGUE = load_xid_catalogue()
 SIGNATURES = default_catalogue()

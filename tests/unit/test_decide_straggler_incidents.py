@@ -8,12 +8,12 @@ from hypothesis import strategies as st
 
 from slurm_recovery.decide.advise import advise
 from slurm_recovery.decide.attribute import attribute
-from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.decide.hang import progress_samples, rank_node
 from slurm_recovery.decide.model import Action, ClusterView, Evidence, FaultClass, IncidentKind
 from slurm_recovery.decide.policy import policy_from_toml
 from slurm_recovery.decide.straggler import straggler_incidents
 from slurm_recovery.scheduler.base import Job, Node
+from slurm_recovery.signals.xid import load_xid_catalogue
 
 POLICY = policy_from_toml(
     '[straggler]\nbaseline_window = "60s"\nmin_duration = "20s"\nrate_interval = "5s"\n'

@@ -139,7 +139,7 @@ def test_the_policy_section_loads():
     [
         ('[hang]\nfloor = "10m"\nceiling = "5m"', "hang.ceiling = 300s is below hang.floor"),
         ("[hang]\ninterval_multiple = 0.5", "hang.interval_multiple = 0.5: must be from 1"),
-        ("[hang]\nrecent_intervals = 0", "must be 1 or more"),
+        ("[hang]\nrecent_intervals = 0", "hang.recent_intervals = 0: must be at least 1"),
         ('[hang]\nfloor = "0s"', "more than 0"),
         ("[hang]\ndeadline = 60", "hang.deadline: unknown key"),
     ],

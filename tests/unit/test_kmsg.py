@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_recovery.sidecar.gpu import normalize_pci_bus_id
-from slurm_recovery.sidecar.sources.kmsg import KmsgSource, XidLine, parse_xid_line
+from slurm_recovery.sidecar.sources.kmsg import KmsgSource
+from slurm_recovery.signals.xid import KMSG_RECORD, XidLine, normalize_pci_bus_id, parse_xid_line
+from tests.conftest import wait_for
 
 DATA = Path(__file__).parent / "data" / "kmsg"
 
@@ -313,7 +314,7 @@ def test_the_pci_bus_id_names_the_gpu():
     ],
 )
 def test_what_the_catalogue_makes_of_kernel_log_xids(line, severity, domain):
-    from slurm_recovery.decide.catalogue import load_xid_catalogue
+    from slurm_recovery.signals.xid import load_xid_catalogue
 
     found = parse_xid_line(line)
     info = load_xid_catalogue().assess(found.xid, found.message)
@@ -432,9 +433,13 @@ def collect(source: KmsgSource, count: int, now: float = NOW, wait: float = 5.0)
     return found
 
 
-def quiet(source: KmsgSource, now: float = NOW, wait: float = 0.4) -> list:
-    """What the source reports over ``wait`` seconds (expected: nothing)."""
-    return collect(source, 1_000_000, now, wait)
+def quiet(source: KmsgSource, device: Path, now: float = NOW) -> list:
+    """What the source reports once its reader has taken the device's last record (expected:
+    nothing): a wait on the reader's progress, not a fixed time that nothing happened in."""
+    records = [KMSG_RECORD.match(line) for line in device.read_text().splitlines()]
+    last = max(int(r["seq"]) for r in records if r)
+    wait_for(lambda: source._highest >= last, timeout=5, interval=0.01)
+    return source.poll(now)
 
 
 def ring(tmp_path) -> Path:
@@ -444,7 +449,8 @@ def ring(tmp_path) -> Path:
 
 
 def test_the_source_reads_a_ring_of_records(tmp_path, boot):
-    source = make(tmp_path, boot, ring(tmp_path))
+    device = ring(tmp_path)
+    source = make(tmp_path, boot, device)
     try:
         found = collect(source, 5)
         assert source.name == "kmsg" and source.fast is True
@@ -461,7 +467,7 @@ def test_the_source_reads_a_ring_of_records(tmp_path, boot):
         assert found[2].payload["pid"] == 1234 and found[2].payload["process"] == "python"
         assert found[4].payload["inferred"] is True
         assert found[4].to_event("n2")["gpu"] == 1
-        assert quiet(source) == []
+        assert quiet(source, device) == []
         assert source.status() == "ok"
     finally:
         source.close()
@@ -480,7 +486,7 @@ def test_a_restart_skips_what_was_reported(tmp_path, boot):
     try:
         found = collect(second, 1)
         assert [(f.payload["xid"], f.payload["seq"], f.gpu) for f in found] == [(48, 3998, 1)]
-        assert quiet(second) == []
+        assert quiet(second, device) == []
     finally:
         second.close()
 
@@ -496,7 +502,7 @@ def test_a_crash_before_the_batch_was_taken_replays_it(tmp_path, boot):
         assert len(collect(again, 5, now=NOW)) == 5  # at least once: nothing is lost
         again.close()
         third = make(tmp_path, boot, device)
-        assert quiet(third) == []
+        assert quiet(third, device) == []
         third.close()
     finally:
         crashed.close()

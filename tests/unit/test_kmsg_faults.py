@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from slurm_recovery.sidecar.sources.kmsg import REPEAT_WINDOW
+from tests.conftest import wait_for
 from tests.unit import test_kmsg
 from tests.unit.test_kmsg import BOOT_TIME, collect, make
 
@@ -66,7 +67,8 @@ def test_a_storm_of_one_code_never_pushes_another_xid_out_of_the_queue(tmp_path,
         out.write("4,5001,1700000,-;NVRM: Xid (PCI:0000:86:00): 79, GPU has fallen off the bus.\n")
     source = make(tmp_path, boot, device, max_pending=5)
     try:
-        time.sleep(1.0)  # the reader takes everything before the first poll
+        # the reader takes everything before the first poll
+        wait_for(lambda: source._highest == 5001, timeout=10, interval=0.01)
         found = collect(source, 2, now=BOOT_TIME + 3600)
         assert [f.payload["xid"] for f in found] == [13, 79]
         assert "dropped" not in source.status()

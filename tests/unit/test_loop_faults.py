@@ -6,14 +6,19 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from slurm_recovery.controller.loop import MAX_FAILED_STEPS, Reconciler
+import pytest
+
+from slurm_recovery.controller.loop import MAX_FAILED_STEPS, Reconciler, StepDone
 from slurm_recovery.decide.model import Mode
-from slurm_recovery.scheduler.base import UnsupportedOutput
+from slurm_recovery.scheduler.base import Unreachable, UnsupportedOutput
 from slurm_recovery.store import Store, StoreFullError
-from tests.unit.test_replay import CATALOGUE, NOW, WIDE, FakeSlurm, job, nodes, xid
+from tests.fakeslurm import FakeSlurm
+from tests.unit.test_replay import CATALOGUE, NOW, WIDE, job, nodes, xid
 
 
-def reconciler(store: Store, slurm: FakeSlurm, clock: list[float]) -> Reconciler:
+def reconciler(
+    store: Store, slurm: FakeSlurm, clock: list[float], after_step: StepDone | None = None
+) -> Reconciler:
     return Reconciler(
         store=store,
         scheduler=slurm,
@@ -22,7 +27,43 @@ def reconciler(store: Store, slurm: FakeSlurm, clock: list[float]) -> Reconciler
         cluster="c1",
         hold_deadline=120.0,
         clock=lambda: clock[0],
+        after_step=after_step,
     )
+
+
+class Killed(BaseException):
+    """Stands in for the failpoint's SIGKILL: nothing after it runs."""
+
+
+def test_after_step_runs_once_the_step_is_on_record(tmp_path: Path):
+    """The failpoint seam: a controller killed in ``after_step`` has the step on record, and
+    the next controller goes on from the step after it instead of repeating it."""
+    store = Store.open(tmp_path / "state.db")
+    slurm = FakeSlurm([job(nodes=("n1", "n2"))], nodes())
+    clock = [NOW]
+    store.add_evidence([xid(79, node="n2", at=NOW - 20)], received_at=NOW - 19)
+    heard: list[tuple[str, list[str]]] = []
+
+    def kill_after_mark(step: str) -> None:
+        heard.append((step, [a.step for a in store.actions() if a.result == "ok"]))
+        if step == "mark":
+            raise Killed
+
+    with pytest.raises(Killed):
+        reconciler(store, slurm, clock, after_step=kill_after_mark).tick()
+    assert heard == [("drain", ["drain"]), ("mark", ["drain", "mark"])]
+    assert "requeue_hold" not in [step for step, _ in slurm.steps]
+
+    slurm.steps.clear()
+    clock[0] = NOW + 1
+    reconciler(store, slurm, clock).tick()  # restarted, without the failpoint
+    assert [step for step, _ in slurm.steps] == [
+        "requeue_hold",  # neither drain nor mark again
+        "add_excluded_nodes",
+        "set_begin_now",
+        "release",
+        "set_admin_comment",  # the note that replaces the mark
+    ]
 
 
 def test_a_fault_in_the_same_pass_as_running_again_counts_the_restart(tmp_path: Path):
@@ -86,20 +127,22 @@ def test_released_then_cut_off_the_mark_is_still_replaced_before_closing(tmp_pat
     slurm = FakeSlurm([first], nodes())
     clock = [NOW]
     store.add_evidence([xid(79, node="n2", at=NOW - 20)], received_at=NOW - 19)
-    loop = reconciler(store, slurm, clock)
+
+    def cut_off_after_release(step: str) -> None:
+        if step == "release":
+            slurm.refuse[("set_admin_comment", 7)] = Unreachable("Unable to contact slurm")
+
+    loop = reconciler(store, slurm, clock, after_step=cut_off_after_release)
     loop.tick()
     (incident,) = store.list_incidents()
+    assert hold_mark(incident.id, int(NOW) + 120) in slurm.jobs[7].admin_comment  # not replaced
+    del slurm.refuse[("set_admin_comment", 7)]
     clock[0] = NOW + 10
     slurm.jobs[7] = dataclasses.replace(
-        first,
-        nodes=("n3", "n4"),
-        restart_count=1,
-        start_time=int(NOW) + 5,
-        excluded_nodes=frozenset({"n2"}),
-        admin_comment=hold_mark(incident.id, int(NOW) + 120),
+        slurm.jobs[7], state="RUNNING", nodes=("n3", "n4"), start_time=int(NOW) + 5
     )
     slurm.steps.clear()
-    loop.tick()  # (the fake never shows n2 drained: the drain is asked again)
+    loop.tick()
     assert [s for s in slurm.steps if s[0] == "set_admin_comment"] == [
         (
             "set_admin_comment",
@@ -147,9 +190,14 @@ def test_steps_slurm_shows_done_without_a_record_are_recorded_found(tmp_path: Pa
         "requeue_hold",
         "exclude",
     ]
-    called = [step for step, _ in slurm.steps]
-    assert "requeue_hold" not in called and "set_admin_comment" not in called
-    assert "add_excluded_nodes" not in called and "set_begin_now" in called
+    # the steps not done yet, then the note that replaces the mark; the mark is not set again
+    note = f"srecovery: requeued after incident {incident.id}, excluding n2"
+    assert slurm.steps == [
+        ("drain_node", ("n2", slurm.steps[0][1][1])),
+        ("set_begin_now", (7, NOW + 3)),
+        ("release", (7,)),
+        ("set_admin_comment", (7, note)),
+    ]
     audited = [r.payload for r in store.iter_audit() if r.kind == "action"]
     assert [p["step"] for p in audited if p.get("found")] == ["mark", "requeue_hold", "exclude"]
 
@@ -186,14 +234,6 @@ def test_a_slurm_it_cannot_read_leaves_it_in_monitor_mode_for_good(tmp_path: Pat
     assert [s for s in slurm.steps if s[0] != "version"] == []
 
 
-class ExclusionUnreadable(FakeSlurm):
-    """Requeue works; reading the job back for the exclusion fails with a parse error."""
-
-    def add_excluded_nodes(self, job_id, nodes):
-        self.steps.append(("add_excluded_nodes", (job_id, tuple(nodes))))
-        raise UnsupportedOutput("job 7.excluded_nodes is 5; expected a string", "26.05.1")
-
-
 def test_a_step_that_cannot_be_read_back_never_releases_without_the_exclusion(tmp_path: Path):
     """Half an action never happens: requeued and held, the exclusion fails (a parse error
     that will not change), so the job is not released in that pass or any later one; after
@@ -201,19 +241,15 @@ def test_a_step_that_cannot_be_read_back_never_releases_without_the_exclusion(tm
     then releases the job, fail open)."""
     store = Store.open(tmp_path / "state.db")
     first = job(nodes=("n1", "n2"))
-    slurm = ExclusionUnreadable([first], nodes())
+    # requeue works; reading the job back for the exclusion fails with a parse error
+    unreadable = UnsupportedOutput("job 7.excluded_nodes is 5; expected a string", "26.05.1")
+    slurm = FakeSlurm([first], nodes(), refuse={("add_excluded_nodes", 7): unreadable})
     clock = [NOW]
     store.add_evidence([xid(79, node="n2", at=NOW - 20)], received_at=NOW - 19)
     loop = reconciler(store, slurm, clock)
     loop.tick()
-    (incident,) = store.list_incidents()
-    # Slurm shows it requeued and held, no exclusion yet
-    held = dataclasses.replace(
-        first, state="PENDING", nodes=(), restart_count=1, held=True, begin_time=int(NOW) + 121
-    )
-    from slurm_recovery.holdmark import hold_mark
-
-    slurm.jobs[7] = dataclasses.replace(held, admin_comment=hold_mark(incident.id, int(NOW) + 120))
+    held = slurm.jobs[7]  # Slurm shows it requeued and held, no exclusion yet
+    assert (held.state, held.held, held.excluded_nodes) == ("PENDING", True, frozenset())
     for i in range(MAX_FAILED_STEPS + 2):
         clock[0] = NOW + 2 + i
         loop.tick()
@@ -227,13 +263,8 @@ def test_a_step_that_cannot_be_read_back_never_releases_without_the_exclusion(tm
 class AnswerLost(FakeSlurm):
     """slurmctld applies the requeue, then stops answering before it replies."""
 
-    def requeue_hold(self, job_id):
-        from slurm_recovery.scheduler.base import Unreachable
-
-        self.steps.append(("requeue_hold", (job_id,)))
-        self.jobs[job_id] = dataclasses.replace(
-            self.jobs[job_id], state="PENDING", nodes=(), restart_count=1, held=True
-        )
+    def requeue_hold(self, job_id: int) -> None:
+        super().requeue_hold(job_id)
         raise Unreachable("slurm_load_jobs error: Unable to contact slurm controller")
 
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_recovery.client import ClientError
-from slurm_recovery.controller.wire import event_to_json
+from slurm_recovery.contract.client import ClientError
+from slurm_recovery.contract.spool import HookSpool
+from slurm_recovery.contract.wire import event_to_json
 from slurm_recovery.sidecar.base import Finding
 from slurm_recovery.sidecar.daemon import HEALTH_FILE, Sidecar
 from slurm_recovery.sidecar.outbox import (
@@ -33,7 +34,8 @@ from slurm_recovery.sidecar.outbox import (
 )
 from slurm_recovery.sidecar.registry import Registry
 from slurm_recovery.sidecar.sim import SimBackend, SimXidSource, inject
-from slurm_recovery.sidecar.spool import HookSpool, SpoolSource
+from slurm_recovery.sidecar.spool import SpoolSource
+from tests.conftest import wait_for
 
 NOW = 1_800_000_000.0
 ROOT = Path(__file__).resolve().parents[2]
@@ -307,9 +309,7 @@ def test_the_sender_thread_sends_on_wake_and_stops(tmp_path):
         thread.start()
         box.append([("sidecar", ev(0))])
         sender.wake()
-        deadline = time.monotonic() + 5
-        while len(box) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: len(box) == 0, timeout=5, interval=0.01)
         assert len(controller.accepted) == 1
         sender.stop()
         thread.join(5)
@@ -325,12 +325,11 @@ def test_urgent_wake_cuts_a_backoff_short(tmp_path):
         thread.start()
         box.append([("sidecar", ev(0))])
         sender.wake()  # not urgent: waits for the backoff
-        time.sleep(0.3)
+        # the thread took the wake (cleared it) and waits again: no send without another wake
+        wait_for(lambda: not sender._wake.is_set(), timeout=5, interval=0.01)
         assert controller.calls == []
         sender.wake(urgent=True)
-        deadline = time.monotonic() + 5
-        while not controller.accepted and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: controller.accepted, timeout=5, interval=0.01)
         assert len(controller.accepted) == 1
         sender.stop()
         thread.join(5)

@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_recovery.scheduler.paths import expand_output_path
+from slurm_recovery.contract.outputs import expand_output_path
 
 
 def test_patterns_of_sbatch_man_page():

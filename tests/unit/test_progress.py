@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_recovery import progress
-from slurm_recovery.decide.hang import ProgressSample
 from slurm_recovery.signals.progress import (
     ProgressFileReader,
     ProgressLineParser,
     ProgressPatternError,
+    ProgressSample,
     compile_job_pattern,
     match_line,
     parse_record,

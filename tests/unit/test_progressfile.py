@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from slurm_recovery import jobdir
+from slurm_recovery.contract import jobdir
+from slurm_recovery.contract.wire import parse_event
 from slurm_recovery.controller.loop import core_evidence
-from slurm_recovery.controller.wire import parse_event
 from slurm_recovery.decide.hang import progress_samples
 from slurm_recovery.progress import Reporter
 from slurm_recovery.sidecar.base import Finding
 from slurm_recovery.sidecar.sources.progress_out import PROGRESS_EVERY
 from slurm_recovery.sidecar.sources.progressfile import ProgressFileSource, loss_value
-from slurm_recovery.store.records import EvidenceRecord
+from slurm_recovery.store.records import Evidence, EvidenceRecord
 
 NODE = "n1"
 UID = os.getuid()
@@ -131,7 +131,7 @@ def test_follows_what_the_reporter_writes_per_rank_with_every_field(tmp_path):
     for finding in found:
         assert (finding.kind, finding.job_id, finding.observed_at) == ("progress", 7, t0 + 1)
         event = finding.to_event(NODE)
-        evidence = parse_event(event, "progress", source="sidecar")  # the controller takes it
+        evidence = parse_event(event, "progress")  # the controller takes it
         assert evidence.node == NODE and evidence.payload == finding.payload
 
 
@@ -404,7 +404,7 @@ def test_flight_recorder_dumps_go_out_once_per_version_and_before_removal(tmp_pa
     )
     (found,) = [f for f in source.poll(t0 + 2) if f.kind == "flight_recorder"]
     assert found.job_id == 7 and found.payload["rank"] == 3 and found.payload["restart_count"] == 0
-    evidence = parse_event(found.to_event(NODE), "fr", source="sidecar")  # the wire takes it
+    evidence = parse_event(found.to_event(NODE), "fr")  # the wire takes it
     assert evidence.payload["groups"]
     assert [f for f in source.poll(t0 + 4) if f.kind == "flight_recorder"] == []  # unchanged
     (where / f"{jobdir.NCCL_TRACE_PREFIX}0").write_bytes(
@@ -431,7 +431,11 @@ def test_a_ranks_end_record_goes_out_once_as_done_and_reaches_the_hang_detector(
     assert [(f.payload["step"], f.payload.get("done")) for f in sent] == [(5, True)]
     assert source.poll(t0 + 20) == []  # sent once
     evidence = [  # as the controller reads it back from the store
-        core_evidence(EvidenceRecord(i, t0, parse_event(f.to_event(NODE), "progress", "sidecar")))
+        core_evidence(
+            EvidenceRecord(
+                i, t0, Evidence.from_wire(parse_event(f.to_event(NODE), "progress"), "sidecar")
+            )
+        )
         for i, f in enumerate(sent, 1)
     ]
     samples = progress_samples(evidence, 7, [NODE], 0)

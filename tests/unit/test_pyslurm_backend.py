@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_recovery.hostlist import expand
+from slurm_recovery.contract.hostlist import expand
 from slurm_recovery.scheduler.base import (
     ExitCode,
     InvalidRequest,

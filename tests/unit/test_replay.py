@@ -19,45 +19,17 @@ from hypothesis import strategies as st
 from slurm_recovery.controller import audit_api
 from slurm_recovery.controller.loop import Reconciler
 from slurm_recovery.decide import replay
-from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.decide.model import Action, FaultClass, Mode
 from slurm_recovery.decide.policy import DEFAULT_CLASSES, BlastRadius, ClassPolicy, Policy
 from slurm_recovery.scheduler.base import ExitCode, Job, Node
+from slurm_recovery.signals.xid import load_xid_catalogue
 from slurm_recovery.store import Evidence, Store
+from tests.fakeslurm import FakeSlurm
 
 NOW = 1_700_000_000.0
 CATALOGUE = load_xid_catalogue()
 #: The default policy, with room to drain one of the 8 nodes (the default cap is 10 %).
 WIDE = dataclasses.replace(Policy(), blast_radius=BlastRadius(max_nodes=4, max_percent=100.0))
-
-
-class FakeSlurm:
-    """What the Reconciler reads from Slurm; its steps change nothing."""
-
-    name = "fake"
-
-    def __init__(self, jobs: list[Job], nodes: list[Node]) -> None:
-        self.jobs = {j.job_id: j for j in jobs}
-        self.nodes = {n.name: n for n in nodes}
-        self.steps: list[tuple[str, object]] = []
-
-    def cluster_name(self) -> str:
-        return "c1"
-
-    def version(self) -> str:
-        return "24.11.5"
-
-    def list_jobs(self) -> list[Job]:
-        return list(self.jobs.values())
-
-    def list_nodes(self) -> list[Node]:
-        return list(self.nodes.values())
-
-    def get_job(self, job_id: int) -> Job:
-        return self.jobs[job_id]
-
-    def __getattr__(self, step: str):  # requeue_hold, drain_node, cancel ...
-        return lambda *args, **options: self.steps.append((step, args))
 
 
 def job(state: str = "RUNNING", nodes=("n1", "n2"), **kw) -> Job:

@@ -514,10 +514,52 @@ example = "baz"
 """
     with pytest.raises(SignatureError) as caught:
         signatures_from_toml(bad, "test.toml")
-    message = str(caught.value)
-    assert "x.nested: pattern: nested quantifiers" in message
-    assert "x.blame: blame_node = true with class application" in message
-    assert "x.example: clas: unknown key (did you mean 'class'?)" in message
+    problems = caught.value.problems
+    assert problems[0] == (
+        "test.toml:6: signature[0].pattern = '(a+)+b': nested quantifiers ({1,}) can backtrack "
+        "catastrophically; bound or flatten the inner repeat"
+    )
+    assert problems[1].startswith(
+        "test.toml:31: signature[2].clas: unknown key (did you mean 'class'?) (keys"
+    )
+    assert problems[2] == (
+        "test.toml:20: signature[1].blame_node: true with class application: only hardware or "
+        "system lines blame a node"
+    )
+    assert len(problems) == 3
+
+
+def _entry(ident: str, extra: str = "", pattern: str = "pattern = 'foo'\n") -> str:
+    return (
+        f'[[signature]]\nid = "{ident}"\ndescription = "d"\nkeywords = ["foo"]\n{pattern}'
+        f'class = "hardware"\ncategory = "gpu"\naction = "requeue"\nexample = "foo"\n{extra}'
+    )
+
+
+def test_rules_across_keys_name_the_line_key_and_fix() -> None:
+    text = (
+        _entry("Bad-Id")
+        + _entry("x.knock", "knock_on = true\ndecisive = true\n")
+        + _entry("x.nopattern", pattern="")
+        + _entry("x.xid", 'parser = "xid"\n')
+        + _entry("x.xids", "knock_on_xids = [45]\n")
+        + _entry("x.escalate", "escalate_after = 1\nknock_on = true\n")
+        + _entry("x.twice")
+        + _entry("x.twice")
+    )
+    with pytest.raises(SignatureError) as caught:
+        signatures_from_toml(text, "s.toml")
+    assert caught.value.problems == (
+        "s.toml:2: signature[0].id = 'Bad-Id': write family.name in lower case (nccl.remote_error)",
+        "s.toml:19: signature[1].knock_on: true: a knock-on symptom is neither decisive nor "
+        "blames a node",
+        "s.toml:21: signature[2].pattern: missing; a regex signature needs a pattern",
+        "s.toml:33: signature[3].pattern: not used with parser = 'xid'; remove it",
+        's.toml:48: signature[4].knock_on_xids: only for parser = "xid"',
+        "s.toml:58: signature[5].escalate_after: only for a hardware or system warning "
+        "(knock_on = true), and at least 2",
+        "s.toml:70: signature[7].id: x.twice is listed twice; keep one",
+    )
 
 
 def test_example_that_another_entry_takes_is_rejected() -> None:
@@ -543,7 +585,9 @@ action = "requeue"
 example = "Error two"
 """
     with pytest.raises(
-        SignatureError, match=r"a\.specific: its example is recognised as a\.generic"
+        SignatureError,
+        match=r"^order\.toml:20: signature\[1\]\.example: recognised as a\.generic, not as "
+        r"a\.specific; fix the pattern or keywords",
     ):
         signatures_from_toml(text, "order.toml")
 

@@ -12,7 +12,6 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_recovery.config import SidecarConfig
-from slurm_recovery.decide.catalogue import load_xid_catalogue
 from slurm_recovery.sidecar import registry
 from slurm_recovery.sidecar.base import Finding
 from slurm_recovery.sidecar.daemon import HEALTH_FILE, Health
@@ -25,6 +24,7 @@ from slurm_recovery.sidecar.sim import (
     load_state,
     state_path,
 )
+from slurm_recovery.signals.xid import load_xid_catalogue
 
 NOW = 1_800_000_000.0
 
@@ -344,7 +344,7 @@ def test_registry_wires_sim_xids_and_the_spool_fast_and_the_gpus_slow(tmp_path):
     wired = registry.build(config, "n2", config.spool_path("n2"))
     try:
         assert [s.name for s in wired.fast] == ["sim_xid", "hook_spool", "joblog"]
-        assert [s.name for s in wired.slow] == ["sim", "gpu_activity"]
+        assert [s.name for s in wired.slow] == ["sim", "gpu_activity", "host"]
         assert isinstance(wired.gpu, SimBackend) and wired.broken == {}
         assert (tmp_path / "spool" / "n2" / "events" / "bad").is_dir()
     finally:
@@ -353,7 +353,7 @@ def test_registry_wires_sim_xids_and_the_spool_fast_and_the_gpus_slow(tmp_path):
 
 def test_registry_with_no_gpus(tmp_path):
     wired = registry.build(sidecar_config(tmp_path, gpu_backend="none"), "n2", tmp_path / "s")
-    assert wired.gpu is None and [s.name for s in wired.sources] == ["hook_spool", "joblog"]
+    assert wired.gpu is None and [s.name for s in wired.sources] == ["hook_spool", "joblog", "host"]
 
 
 def test_a_source_that_cannot_open_is_reported_not_fatal(tmp_path, monkeypatch):
@@ -361,7 +361,7 @@ def test_a_source_that_cannot_open_is_reported_not_fatal(tmp_path, monkeypatch):
     wired = registry.build(sidecar_config(tmp_path, gpu_backend="nvml"), "n2", tmp_path / "s")
     assert wired.gpu is None
     assert "nvml" in wired.broken and "cannot open" in wired.broken["nvml"]
-    assert [s.name for s in wired.sources] == ["hook_spool", "joblog"]
+    assert [s.name for s in wired.sources] == ["hook_spool", "joblog", "host"]
 
 
 # --- health.json from what the sim reports ----------------------------------------------------

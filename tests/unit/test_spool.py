@@ -8,8 +8,9 @@ import os
 
 import pytest
 
-from slurm_recovery.controller.wire import event_to_json
-from slurm_recovery.sidecar.spool import HookSpool, SpoolError, SpoolSource
+from slurm_recovery.contract.spool import HookSpool, SpoolError
+from slurm_recovery.contract.wire import event_to_json
+from slurm_recovery.sidecar.spool import SpoolSource
 
 NOW = 1_800_000_000.0
 

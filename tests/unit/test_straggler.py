@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_recovery.decide.hang import ProgressSample
 from slurm_recovery.decide.model import Evidence
 from slurm_recovery.decide.policy import PolicyError, StragglerPolicy, policy_from_toml
 from slurm_recovery.decide.straggler import (
@@ -15,6 +14,7 @@ from slurm_recovery.decide.straggler import (
     find_drop,
     throughput,
 )
+from slurm_recovery.signals.progress import ProgressSample
 
 POLICY = StragglerPolicy()  # 10 min baseline, 20 % drop, 3 min, 30 s periods, 20 % rank lag
 START = 50_000.0
@@ -181,7 +181,7 @@ def test_the_policy_section_loads_and_refuses_nonsense():
     assert policy.straggler == StragglerPolicy(1200.0, 30.0, 300.0, 60.0, 50.0)
     for text, words in [
         ("[straggler]\ndrop_percent = 0", "straggler.drop_percent = 0: must be more than 0"),
-        ("[straggler]\ndrop_percent = 150", "from 0 to 100"),
+        ("[straggler]\ndrop_percent = 150", "must be more than 0 and at most 100"),
         ('[straggler]\nrate_interval = "0s"', "more than 0"),
         ("[straggler]\nwindow = 3", "straggler.window: unknown key"),
     ]:

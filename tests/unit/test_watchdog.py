@@ -1,7 +1,7 @@
 """The watchdog's rule (which held jobs it releases), its spool records, and its error flow.
 
-Slurm itself is exercised in tests/integration/test_watchdog.py; the double here only lists
-jobs and records which steps were asked for.
+Slurm itself is exercised in tests/integration/test_watchdog.py; here the shared fake Slurm
+(tests/fakeslurm.py) holds the jobs, applies the steps by Slurm's rules and records them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_recovery.holdmark import hold_mark, with_mark
-from slurm_recovery.scheduler import InvalidRequest, Job, SchedulerError, UnknownJob, Unreachable
+from slurm_recovery.scheduler import InvalidRequest, Job, UnknownJob, Unreachable
 from slurm_recovery.watchdog import (
     EXIT_FAILED,
     EXIT_OK,
@@ -33,6 +33,7 @@ from slurm_recovery.watchdog import (
     sweep_result,
     watchdog_command,
 )
+from tests.fakeslurm import FakeSlurm
 
 NOW = 1_800_000_000.0
 PAST = int(NOW) - 30
@@ -56,42 +57,16 @@ def job(job_id: int, *, state="PENDING", held=True, comment="") -> Job:
     )
 
 
-class Double:
-    """A scheduler that lists ``jobs``, records the steps asked, and refuses where told."""
+def asked(slurm: FakeSlurm) -> list[tuple[str, int]]:
+    """The steps asked of ``slurm``, each with its job id."""
+    return [(step, args[0]) for step, args in slurm.steps]  # type: ignore[misc]
 
-    name = "double"
 
-    def __init__(self, *jobs: Job, refuse: dict[tuple[str, int], SchedulerError] | None = None):
-        self.jobs = {j.job_id: j for j in jobs}
-        self.refuse = refuse or {}
-        self.steps: list[tuple[str, int]] = []
-        self.list_error: SchedulerError | None = None
+class Unanswered(FakeSlurm):
+    """slurmctld does not answer the job listing."""
 
     def list_jobs(self) -> list[Job]:
-        if self.list_error:
-            raise self.list_error
-        return list(self.jobs.values())
-
-    def get_job(self, job_id: int) -> Job:
-        if job_id not in self.jobs:
-            raise UnknownJob(f"job {job_id}")
-        return self.jobs[job_id]
-
-    def _step(self, step: str, job_id: int) -> None:
-        self.steps.append((step, job_id))
-        if (step, job_id) in self.refuse:
-            raise self.refuse[(step, job_id)]
-
-    def set_begin_now(self, job_id: int) -> None:
-        self._step("begin_now", job_id)
-
-    def release(self, job_id: int) -> None:
-        self._step("release", job_id)
-        self.jobs[job_id] = replace(self.jobs[job_id], held=False)
-
-    def set_admin_comment(self, job_id: int, text: str) -> None:
-        self._step("comment", job_id)
-        self.jobs[job_id] = replace(self.jobs[job_id], admin_comment=text)
+        raise Unreachable("squeue did not finish within 5s")
 
 
 # --------------------------------------------------------------------------------- the rule
@@ -212,90 +187,91 @@ def test_lines_that_are_not_records_are_refused(line: str):
 
 
 def test_sweep_sets_begin_now_releases_and_records(tmp_path: Path):
-    double = Double(
-        job(1, comment=hold_mark(7, PAST)),
-        job(2, comment=hold_mark(8, FUTURE)),
-        job(3, comment=""),
+    slurm = FakeSlurm(
+        [
+            job(1, comment=hold_mark(7, PAST)),
+            job(2, comment=hold_mark(8, FUTURE)),
+            job(3, comment=""),
+        ]
     )
-    released = sweep(double, now=NOW, spool=tmp_path)
-    assert double.steps == [("begin_now", 1), ("release", 1), ("comment", 1)]
+    released = sweep(slurm, now=NOW, spool=tmp_path)
+    assert asked(slurm) == [("set_begin_now", 1), ("release", 1), ("set_admin_comment", 1)]
     assert [(r.job_id, r.incident_id, r.held_until) for r in released] == [(1, 7, PAST)]
     assert read_releases(tmp_path) == released
-    assert double.jobs[1].admin_comment == released_note(released[0])
+    assert slurm.jobs[1].admin_comment == f"[{released_note(released[0])}]"  # the mark replaced
     assert "srecovery: released by the watchdog on" in released_note(released[0])
     # Level-triggered: the released job is no longer held, so a second sweep does nothing.
-    assert sweep(double, now=NOW + 10, spool=tmp_path) == []
-    assert len(double.steps) == 3
+    assert sweep(slurm, now=NOW + 10, spool=tmp_path) == []
+    assert len(slurm.steps) == 3
 
 
 def test_the_mark_is_replaced_only_after_the_release(tmp_path: Path):
-    double = Double(
-        job(1, comment=hold_mark(7, PAST)),
-        job(2, comment=hold_mark(8, PAST)),
+    slurm = FakeSlurm(
+        [job(1, comment=hold_mark(7, PAST)), job(2, comment=hold_mark(8, PAST))],
         refuse={
             ("release", 1): InvalidRequest("refused"),
-            ("comment", 2): InvalidRequest("no"),
+            ("set_admin_comment", 2): InvalidRequest("no"),
         },
     )
-    result = sweep_result(double, now=NOW, spool=tmp_path)
+    result = sweep_result(slurm, now=NOW, spool=tmp_path)
     # A job still held keeps its mark, so the next sweep finds it again.
-    assert ("comment", 1) not in double.steps
-    assert double.jobs[1].admin_comment == hold_mark(7, PAST)
+    assert ("set_admin_comment", 1) not in asked(slurm)
+    assert slurm.jobs[1].admin_comment == hold_mark(7, PAST)
     # A mark left on a released job (the comment refused) is not a failure: the spool
     # remembers the release, so it is never released twice.
     assert [r.job_id for r in result.released] == [2]
     assert result.problems == ["job 1: release refused: refused"]
-    double.jobs[2] = replace(double.jobs[2], held=True)  # someone else holds it later
-    assert sweep(double, now=NOW + 10, spool=tmp_path) == []
-    assert double.steps.count(("release", 2)) == 1
+    slurm.jobs[2] = replace(slurm.jobs[2], held=True)  # someone else holds it later
+    assert sweep(slurm, now=NOW + 10, spool=tmp_path) == []
+    assert asked(slurm).count(("release", 2)) == 1
 
 
 def test_a_refusal_on_one_job_does_not_stop_the_others(tmp_path: Path):
-    double = Double(
-        job(1, comment=hold_mark(7, PAST)),
-        job(2, comment=hold_mark(8, PAST)),
-        job(3, comment=hold_mark(9, PAST)),
+    slurm = FakeSlurm(
+        [
+            job(1, comment=hold_mark(7, PAST)),
+            job(2, comment=hold_mark(8, PAST)),
+            job(3, comment=hold_mark(9, PAST)),
+        ],
         refuse={
             ("release", 1): InvalidRequest("refused"),
-            ("begin_now", 2): InvalidRequest("not pending"),
-            ("begin_now", 3): UnknownJob("gone"),
+            ("set_begin_now", 2): InvalidRequest("not pending"),
+            ("set_begin_now", 3): UnknownJob("gone"),
         },
     )
-    result = sweep_result(double, now=NOW, spool=tmp_path, host="h1")
+    result = sweep_result(slurm, now=NOW, spool=tmp_path, host="h1")
     assert [r.job_id for r in result.released] == [2]  # released even without begin time now
-    assert ("release", 3) not in double.steps  # a job that is gone needs nothing
+    assert ("release", 3) not in asked(slurm)  # a job that is gone needs nothing
     assert result.problems == ["job 1: release refused: refused"]
     assert result.exit_code == EXIT_FAILED
 
 
 def test_slurm_unreachable_ends_the_sweep_without_raising(tmp_path: Path):
-    double = Double(job(1, comment=hold_mark(7, PAST)))
-    double.list_error = Unreachable("squeue did not finish within 5s")
-    result = sweep_result(double, now=NOW, spool=tmp_path)
+    slurm = Unanswered([job(1, comment=hold_mark(7, PAST))])
+    result = sweep_result(slurm, now=NOW, spool=tmp_path)
     assert (result.released, result.unreachable, result.exit_code) == ([], True, EXIT_UNREACHABLE)
 
-    double = Double(
-        job(1, comment=hold_mark(7, PAST)),
-        job(2, comment=hold_mark(8, PAST)),
-        refuse={("begin_now", 2): Unreachable("gone away")},
+    slurm = FakeSlurm(
+        [job(1, comment=hold_mark(7, PAST)), job(2, comment=hold_mark(8, PAST))],
+        refuse={("set_begin_now", 2): Unreachable("gone away")},
     )
-    result = sweep_result(double, now=NOW, spool=tmp_path)
+    result = sweep_result(slurm, now=NOW, spool=tmp_path)
     assert [r.job_id for r in result.released] == [1]
     assert result.unreachable
-    assert ("release", 2) not in double.steps
+    assert ("release", 2) not in asked(slurm)
 
 
 def test_a_record_that_cannot_be_written_is_logged_whole(tmp_path: Path, caplog):
     (tmp_path / "file").write_text("")
-    double = Double(job(1, comment=hold_mark(7, PAST)))
-    result = sweep_result(double, now=NOW, spool=tmp_path / "file" / "spool", host="h1")
+    slurm = FakeSlurm([job(1, comment=hold_mark(7, PAST))])
+    result = sweep_result(slurm, now=NOW, spool=tmp_path / "file" / "spool", host="h1")
     assert [r.job_id for r in result.released] == [1]  # released all the same: fail open
     assert result.exit_code == EXIT_FAILED
     assert '"job_id": 1, "incident_id": 7' in caplog.text
 
 
 def test_nothing_overdue_is_exit_ok(tmp_path: Path):
-    result = sweep_result(Double(job(1, comment="")), now=NOW, spool=tmp_path)
+    result = sweep_result(FakeSlurm([job(1, comment="")]), now=NOW, spool=tmp_path)
     assert (result.released, result.exit_code) == ([], EXIT_OK)
     assert not (tmp_path / RELEASES_FILE).exists()
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_recovery.controller.wire import (
+from slurm_recovery.contract.wire import (
     MAX_DEPTH,
     MAX_EVENTS,
     MAX_PAYLOAD_BYTES,
@@ -43,19 +43,26 @@ payloads = st.dictionaries(
 )
 def test_round_trip(kind, node, gpu, job_id, payload):
     event = event_to_json(kind, NOW, node=node, gpu=gpu, job_id=job_id, payload=payload)
-    parsed = parse_event(json.loads(json.dumps(event)), "e", source="sidecar")
+    parsed = parse_event(json.loads(json.dumps(event)), "e")
     assert (parsed.kind, parsed.node, parsed.gpu, parsed.job_id) == (kind, node, gpu, job_id)
-    assert parsed.observed_at == NOW and parsed.source == "sidecar"
+    assert parsed.observed_at == NOW
     assert parsed.payload == json.loads(json.dumps(payload))
+    stored = Evidence.from_wire(parsed, "sidecar")  # what the controller stores
+    assert (stored.source, stored.kind, stored.node, stored.payload) == (
+        "sidecar",
+        kind,
+        node,
+        parsed.payload,
+    )
 
 
 @given(st.binary(max_size=300))
 def test_any_bytes_are_a_batch_or_a_wire_error(body):
     try:
-        events = parse_batch(body, source="operator")
+        events = parse_batch(body)
     except WireError:
         return
-    assert events and all(isinstance(e, Evidence) for e in events)
+    assert events and all(isinstance(Evidence.from_wire(e, "operator"), Evidence) for e in events)
 
 
 @given(
@@ -67,10 +74,10 @@ def test_any_bytes_are_a_batch_or_a_wire_error(body):
 )
 def test_any_json_is_a_batch_or_a_wire_error(doc):
     try:
-        (event,) = parse_batch(json.dumps({"events": [doc]}).encode(), source="operator")
+        (event,) = parse_batch(json.dumps({"events": [doc]}).encode())
     except WireError:
         return
-    assert isinstance(event, Evidence) and event.source == "operator"
+    assert Evidence.from_wire(event, "operator").source == "operator"
 
 
 @pytest.mark.parametrize(
@@ -91,7 +98,6 @@ def test_bad_events_name_the_field(event, field):
     with pytest.raises(WireError, match=field):
         parse_batch(
             json.dumps({"events": [{"kind": "ok", "observed_at": NOW}, event]}).encode(),
-            source="sidecar",
         )
 
 
@@ -102,18 +108,16 @@ def test_limits():
         cursor["x"] = {}
         cursor = cursor["x"]
     with pytest.raises(WireError, match="nested deeper"):
-        parse_event({"kind": "x", "observed_at": NOW, "payload": deep}, "e", source="hook")
+        parse_event({"kind": "x", "observed_at": NOW, "payload": deep}, "e")
     with pytest.raises(WireError, match="larger than"):
-        parse_event(
-            {"kind": "x", "observed_at": NOW, "payload": {"t": "a" * 20_000}}, "e", source="hook"
-        )
+        parse_event({"kind": "x", "observed_at": NOW, "payload": {"t": "a" * 20_000}}, "e")
     many = [{"kind": "x", "observed_at": NOW}] * (MAX_EVENTS + 1)
     with pytest.raises(WireError, match="1 to"):
-        parse_batch(json.dumps({"events": many}).encode(), source="hook")
+        parse_batch(json.dumps({"events": many}).encode())
     with pytest.raises(WireError, match="not JSON"):
-        parse_batch(b"\xff\x00", source="hook")
+        parse_batch(b"\xff\x00")
     with pytest.raises(WireError, match=re.escape('{"events": [...]}')):
-        parse_batch(b'{"events": [], "extra": 1}', source="hook")
+        parse_batch(b'{"events": [], "extra": 1}')
 
 
 @pytest.mark.parametrize(
@@ -127,11 +131,11 @@ def test_limits():
 def test_a_payload_the_store_could_not_write_as_utf8_json_is_refused(payload, words):
     body = f'{{"events":[{{"kind":"xid","observed_at":1.7e9,"payload":{payload}}}]}}'
     with pytest.raises(WireError, match=words):
-        parse_batch(body.encode(), "sidecar")
+        parse_batch(body.encode())
 
 
 def test_the_payload_limit_counts_utf8_bytes():
     text = "é" * (MAX_PAYLOAD_BYTES // 2)  # fits in characters, not in bytes
     body = json.dumps({"events": [{"kind": "xid", "observed_at": 1.7e9, "payload": {"m": text}}]})
     with pytest.raises(WireError, match="larger than"):
-        parse_batch(body.encode(), "sidecar")
+        parse_batch(body.encode())

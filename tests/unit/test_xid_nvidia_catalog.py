@@ -19,15 +19,15 @@ import re
 
 import pytest
 
-from slurm_recovery.decide.catalogue import (
+from slurm_recovery.decide.model import FaultClass
+from slurm_recovery.signals.xid import (
     LOG_ACTIONS,
     NVIDIA_RESOLUTIONS,
     is_knock_on,
     load_xid_catalogue,
     log_action,
+    parse_xid_line,
 )
-from slurm_recovery.decide.model import FaultClass
-from slurm_recovery.sidecar.sources.kmsg import parse_xid_line
 
 #: The codes of NVIDIA's catalog at the cited commit: every one from 1 to 172.
 NVIDIA_CODES = range(1, 173)

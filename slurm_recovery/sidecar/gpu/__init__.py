@@ -8,19 +8,18 @@ NVIDIA driver; the simulated backend stands in for it on GPU-less machines.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from slurm_recovery.sidecar.base import GPU_CHECKS, SEVERITIES, Finding
+from slurm_recovery.signals.xid import normalize_pci_bus_id
 
 __all__ = [
     "GpuBackend",
     "GpuInfo",
     "gpu_finding",
     "inventory_finding",
-    "normalize_pci_bus_id",
     "pci_index",
 ]
 
@@ -62,24 +61,6 @@ class GpuBackend(Protocol):
     def telemetry(self) -> dict[int, dict[str, Any]]: ...
 
     def close(self) -> None: ...
-
-
-_PCI = re.compile(
-    r"^(?:PCI:)?(?P<domain>[0-9a-fA-F]{1,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
-    r"(?:\.(?P<fn>[0-7]))?$"
-)
-
-
-def normalize_pci_bus_id(bus_id: str) -> str | None:
-    """``"00000000:3B:00.0"``, ``"PCI:0000:3b:00"``, ``"0000:3b:00.0"`` -> ``"0000:3b:00"``:
-    4-digit domain, lower case, no function (a GPU is function 0). ``None`` if not a bus id."""
-    match = _PCI.match(bus_id.strip())
-    if match is None:
-        return None
-    domain = int(match["domain"], 16)
-    if domain > 0xFFFF:
-        return None
-    return f"{domain:04x}:{match['bus'].lower()}:{match['dev'].lower()}"
 
 
 def pci_index(gpus: Iterable[GpuInfo]) -> dict[str, int]:

@@ -8,6 +8,6 @@ Each is a :class:`~slurm_recovery.sidecar.base.Source`; the GPU backends live in
 """
 
 from slurm_recovery.sidecar.sources.infiniband import InfinibandSource
-from slurm_recovery.sidecar.sources.kmsg import KmsgSource, XidLine, parse_xid_line
+from slurm_recovery.sidecar.sources.kmsg import KmsgSource
 
-__all__ = ["InfinibandSource", "KmsgSource", "XidLine", "parse_xid_line"]
+__all__ = ["InfinibandSource", "KmsgSource"]

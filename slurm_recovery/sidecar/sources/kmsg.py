@@ -1,10 +1,10 @@
 """XIDs from the kernel log: the NVIDIA driver's ``NVRM: Xid`` lines, read from /dev/kmsg.
 
-:func:`parse_xid_line` is pure: any text in (a /dev/kmsg record, a dmesg or journal line),
-an :class:`XidLine` or ``None`` out. :class:`KmsgSource` is the sidecar source: a reader
-thread on /dev/kmsg (root only; opening it replays the kernel's ring buffer), deduplicated
-across sidecar restarts by the last record sequence number it handed over, saved with the
-boot id in a small state file (sequence numbers restart at each boot).
+The lines are parsed by :func:`slurm_recovery.signals.xid.parse_xid_line` (pure, shared with
+the log signatures). :class:`KmsgSource` is the sidecar source: a reader thread on /dev/kmsg
+(root only; opening it replays the kernel's ring buffer), deduplicated across sidecar restarts
+by the last record sequence number it handed over, saved with the boot id in a small state
+file (sequence numbers restart at each boot).
 """
 
 from __future__ import annotations
@@ -13,23 +13,25 @@ import contextlib
 import errno
 import json
 import os
-import re
 import select
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from slurm_recovery.sidecar.base import Finding
-from slurm_recovery.sidecar.gpu import normalize_pci_bus_id
+from slurm_recovery.signals.xid import (
+    FALLEN_OFF_THE_BUS_XID,
+    KMSG_RECORD,
+    XidLine,
+    gpu_of,
+    parse_xid_line,
+)
 
-__all__ = ["KmsgSource", "XidLine", "parse_xid_line"]
+__all__ = ["KmsgSource"]
 
-#: XID reported for a "fallen off the bus" line that carries no Xid number.
-FALLEN_OFF_THE_BUS_XID = 79
 #: An inferred XID 79 within this many seconds of another XID 79 on the same GPU is the same
 #: event told twice (the driver logs both "Xid ...: 79" and "GPU ...: GPU has fallen off the bus").
 INFERRED_79_WINDOW = 300.0
@@ -37,197 +39,6 @@ INFERRED_79_WINDOW = 300.0
 #: repeat: not sent, counted, and the count rides on the next one sent (``repeats``). A GPU
 #: logging thousands of identical XIDs a second costs one event per GPU and code per window.
 REPEAT_WINDOW = 10.0
-
-# /dev/kmsg record: "<priority>,<sequence>,<timestamp us>,<flags>[,more];<message>"
-_RECORD = re.compile(r"^(?P<pri>\d+),(?P<seq>\d+),(?P<ts>\d+),[^;]*;")
-# The kernel escapes bytes < 0x20, >= 0x7f and the backslash in /dev/kmsg text as \xNN.
-_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
-_BUS = r"[0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
-# "NVRM: Xid (PCI:0000:3b:00): 79, ..." -- also without "PCI:", without the parentheses.
-_XID = re.compile(
-    r"NVRM:\s*Xid\s*(?:\((?P<paren>[^()]{0,64})\))?\s*:?\s*(?P<xid>\d{1,6})\b\s*(?:,\s*)?"
-    r"(?P<rest>.*)",
-    re.DOTALL,
-)
-_PID = re.compile(
-    r"^pid=(?P<pid>'?<unknown>'?|\d{1,10})\s*(?:,\s*|$)(?:name=(?P<name>[^,]*?)\s*(?:,\s*|$))?",
-    re.DOTALL,
-)
-# NVLink5 (XIDs 144-150): "<unit> <Fatal|Nonfatal> XC<n> i<n> Link <n> (0x... 0x... ...)"
-_NVLINK = re.compile(
-    r"^(?P<unit>[A-Z][A-Z0-9_/]*)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\s+XC(?P<xc>\d+)\s+"
-    r"i(?P<inst>\d+)\s+Link\s+(?P<link>-?\d+)\s+\((?P<words>0x[0-9a-fA-F]+(?:\s+0x[0-9a-fA-F]+)*)\)"
-)
-_FALLEN = "fallen off the bus"
-# "NVRM: GPU 0000:09:00.0: GPU has fallen off the bus." / "NVRM: The NVIDIA GPU 0000:b3:00.0"
-_FALLEN_PCI = re.compile(
-    r"NVRM:\s*(?:The NVIDIA\s+)?GPU\s+(?:at\s+)?(?:PCI:)?(?P<pci>" + _BUS + ")"
-)
-_NVRM_PREFIX = re.compile(r"NVRM:\s*")
-
-
-@dataclass(frozen=True)
-class XidLine:
-    """One XID the driver logged. ``pci`` is normalized (``"0000:3b:00"``); ``gpu`` is the
-    GPU index it maps to, if known; ``inferred`` marks a "fallen off the bus" line with no
-    Xid number (reported as XID 79); ``nvlink`` holds the NVLink5 fields (XIDs 144-150);
-    ``seq`` and ``timestamp_us`` come from a /dev/kmsg record."""
-
-    xid: int
-    message: str
-    pci: str | None = None
-    pid: int | None = None
-    process: str | None = None
-    inferred: bool = False
-    nvlink: Mapping[str, Any] | None = field(default=None, hash=False)
-    seq: int | None = None
-    timestamp_us: int | None = None
-    gpu: int | None = None
-
-    def to_payload(self, origin: str = "kmsg") -> dict[str, Any]:
-        """The ``xid`` evidence payload (base.KINDS): absent facts are left out."""
-        payload: dict[str, Any] = {"xid": self.xid, "message": self.message, "origin": origin}
-        if self.pci is not None:
-            payload["pci"] = self.pci
-        if self.pid is not None:
-            payload["pid"] = self.pid
-        if self.process is not None:
-            payload["process"] = self.process
-        if self.seq is not None:
-            payload["seq"] = self.seq
-        if self.inferred:
-            payload["inferred"] = True
-        if self.nvlink is not None:
-            payload["nvlink"] = dict(self.nvlink)
-        return payload
-
-
-def parse_xid_line(line: str | bytes, gpus: Mapping[str, int] | None = None) -> XidLine | None:
-    """The XID in one kernel-log line, or ``None``. Never raises.
-
-    Accepts a /dev/kmsg record (``6,1234,5678901,-;NVRM: Xid ...``, \\xNN escapes decoded),
-    a dmesg or journal line, or the bare message. ``gpus`` maps PCI bus ids (any spelling
-    :func:`~slurm_recovery.sidecar.gpu.normalize_pci_bus_id` reads) to GPU indexes.
-    """
-    try:
-        text = line.decode("utf-8", "replace") if isinstance(line, bytes | bytearray) else line
-        seq: int | None = None
-        stamp: int | None = None
-        record = _RECORD.match(text)
-        if record is not None:
-            seq, stamp = int(record["seq"]), int(record["ts"])
-            text = _unescape(text[record.end() :])
-        found = _parse_message(text)
-        if found is None:
-            return None
-        return replace(found, seq=seq, timestamp_us=stamp, gpu=_gpu_of(found.pci, gpus))
-    except (ValueError, TypeError, OverflowError):
-        return None
-
-
-def _unescape(text: str) -> str:
-    """Undo the kernel's \\xNN escaping of /dev/kmsg text (only bytes it escapes)."""
-    if "\\x" not in text:
-        return text
-    out = bytearray()
-    for position, part in enumerate(_ESCAPE.split(text)):
-        if position % 2 == 0:
-            out += part.encode("utf-8", "surrogatepass")
-            continue
-        value = int(part, 16)
-        if value < 0x20 or value >= 0x7F or value == 0x5C:
-            out.append(value)
-        else:
-            out += b"\\x" + part.encode("ascii")
-    return out.decode("utf-8", "replace")
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _parse_message(text: str) -> XidLine | None:
-    if "NVRM" not in text:
-        return None
-    if "Xid" in text:
-        match = _XID.search(text)
-        if match is not None:
-            return _xid_from(match)
-    if _FALLEN in text:
-        return _fallen_from(text)
-    return None
-
-
-def nvlink5_subcode(intr_info: str) -> int:
-    """Bits 20-25 of an NVLink5 XID's first register (IntrInfo), the field NVIDIA's "XID
-    144-150 Decode" sheet keys the recovery action on beside the unit (e.g. the link-down
-    reason of XID 149 NETIR_LINK_EVT). What a value means depends on the driver generation
-    (the sheet has one decode before R575 and one from R575 on), so it is given raw."""
-    return (int(intr_info, 16) >> 20) & 0x3F
-
-
-def _xid_from(match: re.Match[str]) -> XidLine:
-    pci = None
-    paren = match["paren"]
-    if paren:
-        pci = normalize_pci_bus_id(paren.strip())
-    rest = match["rest"].strip()
-    pid: int | None = None
-    process: str | None = None
-    owner = _PID.match(rest)
-    if owner is not None:
-        if owner["pid"].isdigit():
-            pid = int(owner["pid"])
-        name = (owner["name"] or "").strip()
-        if name and name.strip("'") != "<unknown>":
-            process = name
-        rest = rest[owner.end() :]
-    message = _one_line(rest).rstrip(",").strip()
-    nvlink = None
-    shape = _NVLINK.match(message)
-    if shape is not None:
-        words = shape["words"].split()
-        nvlink = {
-            "unit": shape["unit"],
-            "fatal": shape["sev"] == "Fatal",
-            "xc": int(shape["xc"]),
-            "instance": int(shape["inst"]),
-            "link": int(shape["link"]),
-            "intr_info": words[0],
-            "error_status": words[1] if len(words) > 1 else None,
-            "words": words,
-            "subcode": nvlink5_subcode(words[0]),
-        }
-    return XidLine(
-        xid=int(match["xid"]),
-        message=message,
-        pci=pci,
-        pid=pid,
-        process=process,
-        nvlink=nvlink,
-    )
-
-
-def _fallen_from(text: str) -> XidLine:
-    start = text.find("NVRM")
-    body = _NVRM_PREFIX.sub("", text[start:])
-    place = _FALLEN_PCI.search(text)
-    pci = normalize_pci_bus_id(place["pci"]) if place is not None else None
-    return XidLine(xid=FALLEN_OFF_THE_BUS_XID, message=_one_line(body), pci=pci, inferred=True)
-
-
-def _gpu_of(pci: str | None, gpus: Mapping[str, int] | None) -> int | None:
-    if pci is None or not gpus:
-        return None
-    if pci in gpus:
-        return gpus[pci]
-    for key, index in gpus.items():
-        if normalize_pci_bus_id(key) == pci:
-            return index
-    return None
-
-
-# ------------------------------------------------------------------------------ the source
 
 
 @dataclass(frozen=True)
@@ -317,7 +128,7 @@ class KmsgSource:
                     Finding(
                         kind="xid",
                         observed_at=observed,
-                        gpu=_gpu_of(xid_line.pci, gpus),
+                        gpu=gpu_of(xid_line.pci, gpus),
                         payload=payload,
                     )
                 )
@@ -455,7 +266,7 @@ class KmsgSource:
         if not raw or raw[:1] in (b" ", b"\t"):  # empty, or a record's KEY=value line
             return
         text = raw.decode("utf-8", "replace")
-        record = _RECORD.match(text)
+        record = KMSG_RECORD.match(text)
         seq = int(record["seq"]) if record is not None else None
         if seq is not None:
             with self._lock:

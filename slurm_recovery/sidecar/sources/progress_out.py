@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from slurm_recovery.decide.hang import ProgressSample
+from slurm_recovery.signals.progress import ProgressSample
 
 #: Seconds between two progress findings of one job.
 PROGRESS_EVERY = 2.0

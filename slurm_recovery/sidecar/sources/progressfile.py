@@ -2,7 +2,7 @@
 followed while the job runs, and PyTorch flight-recorder dumps, read when they appear.
 
 The Prolog gives each job a directory on each of its nodes and the TaskProlog points the job's
-tasks at ``<job dir>/progress.jsonl`` (:mod:`slurm_recovery.jobdir`), which
+tasks at ``<job dir>/progress.jsonl`` (:mod:`slurm_recovery.contract.jobdir`), which
 :mod:`slurm_recovery.progress` appends to. Every node has its own file, holding the ranks that
 run there, so every node's sidecar follows it (not only the batch node's, unlike the job log).
 
@@ -30,12 +30,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_recovery import jobdir
-from slurm_recovery.decide.hang import ProgressSample
+from slurm_recovery.contract import jobdir
 from slurm_recovery.sidecar.base import Finding
 from slurm_recovery.sidecar.sources.progress_out import LatestPerRank
 from slurm_recovery.signals.flight_recorder import evidence_payload, read_dumps
-from slurm_recovery.signals.progress import ProgressFileReader
+from slurm_recovery.signals.progress import ProgressFileReader, ProgressSample
 
 log = logging.getLogger("srecovery.sidecar.progressfile")
 

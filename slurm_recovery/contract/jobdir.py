@@ -52,6 +52,10 @@ __all__ = [
 NODE_PLACEHOLDER = "{node}"
 #: The progress file in a job directory (slurm_recovery.progress writes it).
 PROGRESS_FILE = "progress.jsonl"
+#: The variable the TaskProlog sets to the progress file; slurm_recovery.progress reads it.
+PROGRESS_ENV = "SRECOVERY_PROGRESS_FILE"
+#: The variable the TaskProlog points at the job directory for PyTorch's flight recorder dumps.
+NCCL_TRACE_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 #: PyTorch's flight recorder appends the rank: ``nccl_trace_rank_0``, ``nccl_trace_rank_1``...
 NCCL_TRACE_PREFIX = "nccl_trace_rank_"
 #: A job directory untouched this long (seconds) is a leftover; the sidecar removes it at start.

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from slurm_recovery.auth import munge, requests
+from slurm_recovery.contract import munge, requests
 
 
 class ClientError(Exception):

@@ -1,13 +1,15 @@
-"""The evidence wire format: a JSON batch in, validated store records out.
+"""The evidence wire format: what sidecars, hooks and operators send the controller.
 
 ``POST /v1/evidence`` with ``{"events": [EVENT, ...]}``, each EVENT::
 
     {"kind": "xid", "node": "n2", "gpu": 1, "job_id": 42,
      "observed_at": 1795960000.25, "payload": {"xid": 79, "message": "..."}}
 
-``source`` is not taken from the body: it is the authenticated role of the sender. Any
+``source`` is not taken from the body: it is the authenticated role of the sender, added by the
+controller when it stores the event (:meth:`slurm_recovery.store.Evidence.from_wire`). Any
 problem rejects the whole batch with a message naming the event and the field, so nothing
-from a bad batch is stored.
+from a bad batch is stored. The sidecar checks its own events and the hook spool's with the
+same :func:`parse_event` before it sends them.
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
-
-from slurm_recovery.store import Evidence
 
 MAX_EVENTS = 1000
 MAX_PAYLOAD_BYTES = 16 * 1024
@@ -30,8 +31,39 @@ _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _EARLIEST, _LATEST = 1_577_836_800.0, 4_102_444_800.0
 
 
+#: The kinds senders use today, and who sends them. Any lower-case name is accepted (a newer
+#: sidecar may send a kind this controller does not know: it is stored, and decides nothing).
+EVENT_KINDS: Mapping[str, str] = {
+    "job_start": "prolog (node spool): a job attempt began on the node",
+    "job_end": "epilog (node spool) and EpilogSlurmctld (controller): the attempt ended",
+    "xid": "sidecar kmsg source, operators: an NVIDIA XID from the kernel log",
+    "gpu_finding": "sidecar GPU source: an NVML fault (ECC, retired pages, lost GPU...)",
+    "gpu_inventory": "sidecar GPU source: the GPUs the node shows",
+    "gpu_activity": "sidecar GPU source: per-GPU utilisation and memory activity",
+    "ib_finding": "sidecar InfiniBand source: a port down, degraded or erroring",
+    "sidecar_status": "sidecar: its heartbeat, queue and sources",
+    "progress": "sidecar progress source: a training step from the job's progress file",
+    "log_signature": "sidecar job-log source: a catalogued failure line in the job's output",
+    "flight_recorder": "sidecar: a summary of PyTorch's NCCL flight recorder dumps",
+    "operator_report": "operators (srecovery report): a node or job reported bad, in words",
+    "host_memory": "sidecar host source: the node's available memory fell low, or recovered",
+}
+
+
 class WireError(ValueError):
     """The request body is not a valid evidence batch; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class WireEvent:
+    """One checked event, as sent (the controller adds the sender's role when it stores it)."""
+
+    kind: str
+    observed_at: float
+    node: str | None = None
+    gpu: int | None = None
+    job_id: int | None = None
+    payload: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _depth(value: Any, level: int = 0) -> int:
@@ -44,8 +76,8 @@ def _depth(value: Any, level: int = 0) -> int:
     return level
 
 
-def parse_event(raw: Any, where: str, source: str) -> Evidence:
-    """One event -> store Evidence; raises WireError naming ``where`` and the field."""
+def parse_event(raw: Any, where: str) -> WireEvent:
+    """One event, checked; raises WireError naming ``where`` and the field."""
     if not isinstance(raw, dict):
         raise WireError(f"{where}: must be an object")
     unknown = set(raw) - EVENT_FIELDS
@@ -84,22 +116,11 @@ def parse_event(raw: Any, where: str, source: str) -> Evidence:
         raise WireError(f"{where}.payload: NaN and Infinity are not JSON numbers") from None
     if size > MAX_PAYLOAD_BYTES:
         raise WireError(f"{where}.payload: larger than {MAX_PAYLOAD_BYTES} bytes")
-    try:
-        return Evidence(
-            source=source,
-            kind=kind,
-            observed_at=float(observed),
-            node=node,
-            gpu=gpu,
-            payload=payload,
-            job_id=job_id,
-        )
-    except (TypeError, ValueError) as exc:
-        raise WireError(f"{where}: {exc}") from exc
+    return WireEvent(kind, float(observed), node, gpu, job_id, payload)
 
 
-def parse_batch(body: bytes, source: str) -> list[Evidence]:
-    """The whole request body -> evidence, all or nothing."""
+def parse_batch(body: bytes) -> list[WireEvent]:
+    """The whole request body -> events, all or nothing."""
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -109,7 +130,7 @@ def parse_batch(body: bytes, source: str) -> list[Evidence]:
     events = data["events"]
     if not isinstance(events, list) or not 1 <= len(events) <= MAX_EVENTS:
         raise WireError(f"events must be a list of 1 to {MAX_EVENTS} events")
-    return [parse_event(e, f"events[{i}]", source) for i, e in enumerate(events)]
+    return [parse_event(e, f"events[{i}]") for i, e in enumerate(events)]
 
 
 def event_to_json(

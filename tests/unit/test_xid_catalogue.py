@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_recovery.decide.catalogue import (
+from slurm_recovery.decide.model import FaultClass
+from slurm_recovery.signals.xid import (
     XID_ACTIONS,
     CatalogueError,
     XidInfo,
@@ -13,7 +14,6 @@ from slurm_recovery.decide.catalogue import (
     load_xid_catalogue,
     xid_code,
 )
-from slurm_recovery.decide.model import FaultClass
 
 APPLICATION_XIDS = (11, 13, 25, 31, 43, 69, 137)
 FATAL_HARDWARE_XIDS = (48, 64, 74, 79, 95, 140, 154)
@@ -70,7 +70,15 @@ def test_xid_45_alone_implicates_the_node_unless_a_knock_on(shipped):
 
 def test_xid_79_means_fallen_off_the_bus(shipped):
     info = shipped.lookup(79)
-    assert info == XidInfo(79, "GPU has fallen off the bus", FaultClass.HARDWARE, "reboot", True)
+    decision = (info.code, info.meaning, info.fault_class, info.action, info.fatal, info.scope)
+    assert decision == (
+        79,
+        "GPU has fallen off the bus",
+        FaultClass.HARDWARE,
+        "reboot",
+        True,
+        "node",
+    )
     assert info.label == "xid 79 (GPU has fallen off the bus)"
 
 
@@ -127,7 +135,7 @@ def test_catalogue_error_is_a_value_error():
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("[[xid]]\ncode = 1\n", "meaning is missing"),
+        ("[[xid]]\ncode = 1\n", "xid[0].meaning: missing; this key is required"),
         (
             '[[xid]]\ncode = 1\nmeaning = "m"\nclass = "hardwre"\naction = "none"\nfatal = true\n',
             "did you mean 'hardware'",
@@ -167,15 +175,32 @@ def test_bad_catalogues_say_what_and_where(text, expected):
     assert str(caught.value).startswith("cat.toml")
 
 
-def test_every_problem_is_listed():
-    text = '[[xid]]\ncode = -1\nmeaning = ""\nclass = "x"\naction = "y"\nfatal = 1\n'
+def test_every_problem_is_listed_with_its_line_key_and_fix():
+    text = (
+        '[[xid]]\ncode = -1\nmeaning = ""\nclass = "x"\naction = "rebot"\nfatal = 1\n'
+        'knock_on = "48 64"\n' + ENTRY.replace('"hardware"', '"application"') + ENTRY + ENTRY
+    )
     with pytest.raises(CatalogueError) as caught:
         catalogue_from_toml(text, "cat.toml")
-    assert len(caught.value.problems) == 5
+    assert caught.value.problems == (
+        "cat.toml:2: xid[0].code = -1: must be at least 0",
+        "cat.toml:3: xid[0].meaning = '': must be a non-empty one-line text",
+        "cat.toml:4: xid[0].class = 'x': must be one of hardware, system, application, unknown",
+        "cat.toml:5: xid[0].action = 'rebot': must be one of none, restart, reset_gpu, reboot, "
+        "drain (did you mean 'reboot'?)",
+        "cat.toml:6: xid[0].fatal = 1: must be true or false, lower case and without quotes, "
+        "not a whole number",
+        'cat.toml:7: xid[0].knock_on = \'48 64\': must be "any" or XID codes like "48" or "48, 64"',
+        "cat.toml:13: xid[1].fatal: true with class application: an application XID leaves the "
+        "GPU usable; set fatal = false, or use class hardware or system if the GPU needs repair",
+        "cat.toml:21: xid[3].code: 1 is listed twice; keep one",
+    )
 
 
 def test_catalogue_from_entries_equals_loaded():
-    info = XidInfo(79, "GPU has fallen off the bus", FaultClass.HARDWARE, "reboot", True)
+    info = XidInfo(
+        code=79, meaning="GPU has fallen off the bus", klass="hardware", action="reboot", fatal=True
+    )
     built = catalogue_from_entries([info])
     loaded = catalogue_from_toml(
         '[[xid]]\ncode = 79\nmeaning = "GPU has fallen off the bus"\nclass = "hardware"\n'

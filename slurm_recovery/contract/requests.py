@@ -19,7 +19,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_recovery.auth import munge
+from slurm_recovery.contract import munge
 
 #: Roles a client may claim. sidecar and hook speak for one node; operator for the cluster;
 #: reader only reads.

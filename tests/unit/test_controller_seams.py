@@ -1,0 +1,95 @@
+"""The controller's two seams (docs/troubleshooting.md): the per-pass callback systemd's
+notifications ride on, and the step callback the ``SRECOVERY_FAILPOINT`` kill rides on."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from msgspec.structs import replace
+
+from slurm_recovery.config import Config
+from slurm_recovery.controller import FAILPOINT_ENV, failpoint_from_env
+from slurm_recovery.controller.service import Controller
+from slurm_recovery.scheduler import Unreachable
+from tests.unit.test_replay import FakeSlurm, job, nodes
+
+POLICY = Path(__file__).parents[2] / "etc" / "policy.toml"
+
+
+def config(tmp_path: Path) -> Config:
+    base = Config()
+    return replace(
+        base,
+        store=replace(base.store, path=tmp_path / "state.db"),
+        controller=replace(base.controller, policy=POLICY, loop_interval=0.01),
+        cluster=replace(base.cluster, name="c1"),
+        scheduler=replace(base.scheduler, slurm_bin_dir=str(tmp_path)),  # no Slurm
+    )
+
+
+def passes(controller: Controller, heard: list[str], count: int) -> list[str]:
+    """Start the controller's loop, wait until ``count`` passes were heard, stop it."""
+
+    async def run() -> None:
+        await controller.start(None)
+        deadline = time.monotonic() + 10
+        while len(heard) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await controller.stop(None)
+
+    asyncio.run(run())
+    return heard
+
+
+class UnreachableSlurm(FakeSlurm):
+    def list_jobs(self):
+        raise Unreachable("connection refused")
+
+
+def test_on_pass_hears_every_pass_and_its_trouble(tmp_path: Path):
+    heard: list[str] = []
+    controller = Controller(config(tmp_path), on_pass=heard.append)
+    controller.scheduler = FakeSlurm([job()], nodes())
+    assert passes(controller, heard, 3)[:3] == ["", "", ""]
+
+    heard.clear()
+    controller = Controller(config(tmp_path), on_pass=heard.append)
+    controller.scheduler = UnreachableSlurm([], [])
+    trouble = passes(controller, heard, 2)
+    assert trouble[:2] == ["slurmctld unreachable: connection refused"] * 2
+
+
+def test_on_pass_hears_a_pass_that_raised(tmp_path: Path, caplog):
+    """A pass that raises (here: the real scontrol backend, and no Slurm commands in its
+    bin_dir) still counts: systemd's watchdog hears the loop is alive, STATUS says why."""
+    heard: list[str] = []
+    passes(Controller(config(tmp_path), on_pass=heard.append), heard, 2)
+    assert heard[:2] == ["the pass failed (see the log)"] * 2
+    assert "squeue not found" in caplog.text
+
+
+def test_no_failpoint_unless_asked():
+    assert failpoint_from_env({}) is None
+    assert failpoint_from_env({FAILPOINT_ENV: ""}) is None
+
+
+@pytest.mark.parametrize("spec", ["before:mark", "after:", "requeue_hold"])
+def test_a_failpoint_it_cannot_read_is_refused(spec: str):
+    with pytest.raises(ValueError, match="expected after:STEP"):
+        failpoint_from_env({FAILPOINT_ENV: spec})
+
+
+def test_the_failpoint_kills_after_its_step_only(monkeypatch):
+    kills: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: kills.append((pid, sig)))
+    after_step = failpoint_from_env({FAILPOINT_ENV: "after:mark"})
+    assert after_step is not None
+    after_step("drain")
+    assert kills == []
+    after_step("mark")
+    assert kills == [(os.getpid(), signal.SIGKILL)]
