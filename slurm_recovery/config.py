@@ -10,7 +10,6 @@ hooks read take their defaults and checks from :mod:`slurm_recovery.contract.set
 
 from __future__ import annotations
 
-import difflib
 import functools
 import ipaddress
 import os
@@ -41,7 +40,7 @@ from slurm_recovery.schema import (
     find_line,
     parse_toml,
     read_toml,
-    suggestion,
+    suggest_key,
 )
 from slurm_recovery.schema import did_you_mean as did_you_mean
 
@@ -778,18 +777,4 @@ def _build(data: Mapping[str, Any], path: Path | None, text: str | None) -> Conf
 
 
 def _suggest_key(table: KeyPath, name: str, fields: Sequence[str]) -> str:
-    """The key meant by ``name``: one of that name in another section (a key in the wrong
-    section), else the closest in its own section, else the closest anywhere."""
-    by_name = {dotted.split(".", 1)[1]: dotted for dotted in reversed(DEFAULTS)}  # first wins
-    if name in by_name:
-        return suggestion(by_name[name])
-    if not table:
-        close = difflib.get_close_matches(name, list(SECTIONS), n=1)
-        if close:
-            return suggestion(close[0])
-    else:
-        close = difflib.get_close_matches(name, list(fields), n=1)
-        if close:
-            return suggestion(f"{table[0]}.{close[0]}")
-    close = difflib.get_close_matches(name, list(by_name), n=1)
-    return suggestion(by_name[close[0]] if close else None)
+    return suggest_key(table, name, fields, keys=DEFAULTS, tables=SECTIONS)

@@ -7,10 +7,13 @@ uses that release."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -94,3 +97,20 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
             return value
         time.sleep(interval)
     pytest.fail(f"condition not met within {timeout}s (last value: {value!r})")
+
+
+def wait_passes(url: str, passes: int = 2, timeout: float = 30.0) -> None:
+    """Wait until the controller at ``url`` has run ``passes`` whole loop passes from now (its
+    /healthz ``passes`` count): what a test that shows that nothing happens later waits for,
+    instead of a fixed sleep that passes whether or not the loop ran."""
+
+    def count() -> int:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as resp:
+                body = json.load(resp)
+        except urllib.error.HTTPError as exc:  # 503 "degraded" still counts its passes
+            body = json.load(exc)
+        return int(body["passes"])
+
+    target = count() + passes + 1  # the pass running now may have begun before this call
+    wait_for(lambda: count() >= target, timeout=timeout, interval=0.05)

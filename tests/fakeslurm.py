@@ -5,8 +5,9 @@ reasons, no-ops, an array's pending record) come from :class:`SchedulerSteps`, a
 writes change in-memory records the way slurmctld changes its own. A step Slurm refuses is
 refused here with Slurm's words, typed by the same table the backends use
 (:func:`slurm_error`), so code that is wrong against real Slurm is wrong against the fake.
-It has the :class:`Scheduler` methods and nothing else: a call outside the interface is an
-``AttributeError``. ``tests/unit/test_fakeslurm.py`` holds it to the interface's signatures;
+It has the :class:`Scheduler` methods and, like every backend, ``address``; nothing else: a
+call outside the interface is an ``AttributeError``. ``tests/unit/test_fakeslurm.py`` holds it
+to the interface's signatures;
 ``tests/integration/test_scheduler_contract.py`` shows the same rules on real Slurm.
 """
 
@@ -61,13 +62,14 @@ class FakeSlurm(SchedulerSteps):
         self._in_step = False
 
     @contextmanager
-    def _step(self, step: str, *args: object) -> Iterator[None]:
+    def _step(self, step: str, target: int | str, *args: object) -> Iterator[None]:
+        """Record a step the caller asked (not one a step makes itself), or refuse it."""
         if self._in_step:
             yield
             return
-        self.steps.append((step, args))
-        if (step, args[0]) in self.refuse:  # type: ignore[index]
-            raise self.refuse[(step, args[0])]  # type: ignore[index]
+        self.steps.append((step, (target, *args)))
+        if (step, target) in self.refuse:
+            raise self.refuse[(step, target)]
         self._in_step = True
         try:
             yield

@@ -219,6 +219,8 @@ class Reconciler:
         for incident in store.list_incidents(limit=1_000_000):
             self._remember(incident)
         self.last_tick: float | None = None
+        #: passes finished since start, whether they read Slurm or not (/healthz shows it)
+        self.passes = 0
         self.last_error: str = ""
         self.last_view: ClusterView | None = None
         #: why this controller cannot trust its reading of this Slurm ("" when it can): set
@@ -248,6 +250,12 @@ class Reconciler:
     def tick(self) -> bool:
         """One pass over Slurm and the open incidents. Returns True while steps are in flight
         (the caller then comes back sooner). Scheduler trouble is logged, never raised."""
+        try:
+            return self._pass()
+        finally:
+            self.passes += 1
+
+    def _pass(self) -> bool:
         try:
             self._apply_mode_overrides()
             for side_input in (self._import_watchdog_releases, self._import_hook_spool):

@@ -516,6 +516,7 @@ class Controller:
             "version": __version__,
             "cluster": self.cluster,
             "last_pass": views.iso(last),
+            "passes": r.passes if r else 0,
             "last_error": r.last_error if r else "starting",
             "auth": "off (development only)" if self.insecure else "munge",
             "modes": {  # the policy file's, with the operators' overrides (srecovery mode)

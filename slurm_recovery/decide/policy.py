@@ -11,7 +11,6 @@ it; unknown keys are errors with a did-you-mean, also across tables.
 
 from __future__ import annotations
 
-import difflib
 import os
 import stat
 import typing
@@ -36,7 +35,7 @@ from slurm_recovery.schema import (
     find_line,
     parse_toml,
     read_toml,
-    suggestion,
+    suggest_key,
 )
 
 #: Where the RPM installs the policy; ``controller.policy`` in config.toml may name another.
@@ -430,27 +429,11 @@ def _partition_name_problems(data: Mapping[str, Any], source: str, text: str) ->
 
 
 def _suggest(table: KeyPath, name: str, names: Sequence[str]) -> str:
-    """The key an unknown ``name`` in ``table`` most likely meant, in this table or in another
-    one (a key written under the wrong [section]); the same table first on a tie."""
-    here = dotted(table)
+    """:func:`slurm_recovery.schema.suggest_key`, after the one mistake only the policy has: a
+    drain key in a class table whose verdicts never name a node."""
     if len(table) == 2 and table[0] == "classes" and name in _NodeClassTable.__struct_fields__:
         return (
             f"; a verdict of class {table[-1]} never implicates a node, so there is nothing "
             "to drain: remove the key"
         )
-    candidates = [(f"{here}.{n}" if here else n, n, True) for n in names]
-    candidates += [(key.dotted, key.dotted.rsplit(".", 1)[-1], False) for key in KEYS]
-    ratio, _, guess = max(
-        (difflib.SequenceMatcher(None, name, last).ratio(), same, full)
-        for full, last, same in candidates
-    )
-    if ratio < 0.6:
-        return ""
-    if guess in _TABLES:
-        return suggestion(f"[{guess}]")
-    home = guess.rsplit(".", 1)[0] if "." in guess else ""
-    if home == here:
-        return suggestion(guess)
-    if not home:
-        return f"{suggestion(guess)}: a top-level key, write it above the first [section]"
-    return f"{suggestion(guess)}: write it under [{home}]"
+    return suggest_key(table, name, names, keys=[key.dotted for key in KEYS], tables=_TABLES)

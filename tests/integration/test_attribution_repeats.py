@@ -15,7 +15,7 @@ import time
 import pytest
 
 from slurm_recovery.contract.wire import event_to_json
-from tests.conftest import wait_for
+from tests.conftest import wait_for, wait_passes
 from tests.integration.test_log_lines_and_cleared_evidence import act_stack, slurm, srecovery
 
 __all__ = ["slurm"]  # the fixture, shared with the issue-16 tests
@@ -68,7 +68,7 @@ def test_the_same_failure_after_a_restart_stops_the_job(stack, slurm, tmp_path):
     advice = second["advice"]
     assert (advice["action"], advice["rule"]) == ("stop", "stop_on_same_failure"), advice
     assert "the same failure as before the last restart" in advice["reason"]
-    time.sleep(3)  # a few passes: nothing restarts it again
+    wait_passes(stack.url, 3)  # a few passes: nothing restarts it again
     job = slurm.scheduler.get_job(job_id)
     assert job.restart_count == 1 and job.state in ("FAILED", "CANCELLED"), job
     assert len(slurm.incidents(job_id)) == 2

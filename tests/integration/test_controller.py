@@ -23,7 +23,7 @@ from slurm_recovery.contract.wire import event_to_json
 from slurm_recovery.scheduler import Job
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.store import Store
-from tests.conftest import _free_port_block, wait_for
+from tests.conftest import _free_port_block, wait_for, wait_passes
 
 pytestmark = pytest.mark.cluster
 
@@ -187,7 +187,7 @@ def test_monitor_mode_records_advice_and_touches_nothing(stacks, submit, schedul
     )
     assert incident["advice"]["mode"] == "monitor"
     assert incident["actions"] == []
-    time.sleep(2)  # and nothing happens later either
+    wait_passes(stack.url, 2)  # and nothing happens later either
     job = scheduler.get_job(job_id)
     assert (job.state, job.restart_count, job.excluded_nodes, job.nodes) == (
         "RUNNING",
@@ -233,7 +233,7 @@ def test_an_application_fault_in_a_running_jobs_log_is_advice_only(stacks, submi
     assert incident["advice"]["exclude"] == [] and incident["advice"]["drain"] == []
     assert incident["outcome"] == "nothing to do"
     assert incident["actions"] == []
-    time.sleep(2)  # more passes: still nothing
+    wait_passes(stack.url, 2)  # more passes: still nothing
     job = scheduler.get_job(job_id)
     assert job.state == "RUNNING" and job.restart_count == 0
     assert not any(n.drained for n in scheduler.list_nodes())
@@ -591,7 +591,7 @@ def test_a_slurm_whose_output_it_cannot_read_leaves_everything_alone(
     release = scheduler.version()
     assert "exit_code" in body["last_error"] and f"Slurm {release}" in body["last_error"]
     stack.report_xid(first.nodes[1])
-    time.sleep(4)  # several passes
+    wait_passes(stack.url, 3)  # several passes
     assert running(scheduler, job_id) is not None  # not requeued
     assert not scheduler.get_node(first.nodes[1]).drained
     assert stack.actions() == []

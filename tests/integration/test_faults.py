@@ -23,7 +23,7 @@ from bench import soak_faults
 from slurm_recovery import localcluster
 from slurm_recovery.contract.wire import event_to_json
 from slurm_recovery.sidecar.sim import inject
-from tests.conftest import _free_port_block, wait_for
+from tests.conftest import _free_port_block, wait_for, wait_passes
 from tests.integration import test_controller
 from tests.integration.test_controller import FALLEN_OFF, Stack, running, story_or_none
 
@@ -163,7 +163,7 @@ def test_xid_storm_from_half_the_partition_stops_draining_at_the_cap(
         return found if jobs_up else []
 
     wait_for(settled, timeout=90)
-    time.sleep(3)  # a few more passes: nothing more happens
+    wait_passes(stack.url, 3)  # a few more passes: nothing more happens
     incidents = wait_for(settled)
     drained = [n.name for n in scheduler.list_nodes() if n.drained]
     assert len(drained) == 1, drained  # the cap: 25 % of 4 nodes

@@ -24,7 +24,7 @@ from slurm_recovery import devstack, localcluster
 from slurm_recovery.contract.client import ClientError, ControllerClient
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.store import Store
-from tests.conftest import _free_port_block, wait_for
+from tests.conftest import _free_port_block, wait_for, wait_passes
 
 pytestmark = pytest.mark.cluster
 
@@ -177,7 +177,7 @@ def test_an_xid_cleared_by_a_gpu_reset_does_not_convict_a_later_crash(stack, slu
     assert advice["verdict"]["nodes"] == [] and advice["drain"] == [], advice
     assert advice["exclude"] == [] and "xid" not in advice["reason"].lower(), advice["reason"]
     assert "restart limit reached (0 of 0)" in advice["reason"], advice["reason"]
-    time.sleep(2)  # two more passes: nothing drains n3 later
+    wait_passes(stack.url, 2)  # two more passes: nothing drains n3 later
     assert not slurm.scheduler.get_node("n3").drained
     _replay_is_a_no_op(stack, since)
 

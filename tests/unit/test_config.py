@@ -749,7 +749,9 @@ def test_key_in_the_wrong_section_suggests_its_section(tmp_path):
 
 def test_unknown_section_suggests_the_nearest(tmp_path):
     path = write(tmp_path, '[logging]\nlevel = "debug"\n')
-    with pytest.raises(ConfigError, match=r":1: logging: unknown table \(did you mean 'log'\?\)"):
+    with pytest.raises(
+        ConfigError, match=r":1: logging: unknown table \(did you mean '\[log\]'\?\)"
+    ):
         load_config(path, env={})
 
 
@@ -758,7 +760,8 @@ def test_key_outside_any_section(tmp_path):
     with pytest.raises(ConfigError) as excinfo:
         load_config(path, env={})
     assert problems(excinfo)[0].startswith(
-        f"{path}:1: level: unknown key (did you mean 'log.level'?) (keys at the top level: "
+        f"{path}:1: level: unknown key (did you mean 'log.level'?): write it under [log] "
+        "(keys at the top level: "
         "cluster, scheduler,"
     )
     assert problems(excinfo)[1].startswith(f"{path}:2: frobnicate: unknown key (keys at the top")
