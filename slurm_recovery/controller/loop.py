@@ -292,6 +292,10 @@ class Reconciler:
                 log.error("%s", error)
             self.last_error = error
             return False
+        except SchedulerError as exc:  # e.g. squeue missing or refused: this pass reads nothing
+            self.last_error = f"cannot read Slurm: {exc}"
+            log.error("%s; retrying", self.last_error)
+            return False
         except StoreError as exc:  # disk full, read-only, locked: /healthz says which
             self.last_error = f"store: {exc}"
             log.error("%s; retrying", self.last_error)

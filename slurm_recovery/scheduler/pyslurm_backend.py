@@ -49,8 +49,10 @@ _PYSLURM_OWN_ERRORS: tuple[tuple[re.Pattern[str], type[SchedulerError]], ...] = 
 
 
 def _major_minor(version: str | None) -> str | None:
+    """``"25.05"`` for Slurm's ``25.05.3`` and for pyslurm's ``25.5.0`` (pyslurm drops the
+    zero), so the two compare as the release they are."""
     match = re.match(r"^\s*(\d+)\.(\d+)", version or "")
-    return f"{match[1]}.{match[2]}" if match else None
+    return f"{int(match[1])}.{int(match[2]):02d}" if match else None
 
 
 def available() -> tuple[bool, str]:

@@ -298,3 +298,25 @@ def test_a_step_whose_answer_was_lost_is_found_and_says_so(tmp_path: Path):
     assert found.result == "ok"
     assert "its answer was lost" in found.message
     assert [s for s, _ in slurm.steps].count("requeue_hold") == 1
+
+
+class NoSqueue(FakeSlurm):
+    """Slurm's commands are missing on the head node (a broken PATH after an upgrade)."""
+
+    def list_jobs(self):
+        from slurm_recovery.scheduler.base import SchedulerError
+
+        raise SchedulerError("squeue not found", command=["squeue", "--json"])
+
+
+def test_a_slurm_command_that_fails_ends_the_pass_and_says_why(tmp_path: Path):
+    """Scheduler trouble of any kind ends the pass with the reason on /healthz, never an
+    exception out of ``tick``; the next pass tries again, and the passes are counted."""
+    store = Store.open(tmp_path / "state.db")
+    slurm = NoSqueue([job(nodes=("n1", "n2"))], nodes())
+    loop = reconciler(store, slurm, [NOW])
+    assert loop.tick() is False
+    assert loop.last_error == "cannot read Slurm: squeue not found"
+    assert loop.last_tick is None and loop.passes == 1
+    loop.tick()
+    assert loop.passes == 2 and slurm.steps == []

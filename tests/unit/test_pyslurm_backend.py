@@ -119,6 +119,15 @@ def test_available_when_major_minor_match(pyslurm, world):
     assert why == "pyslurm 25.11.2 matches slurmctld 25.11.0"
 
 
+def test_pyslurm_writes_the_release_without_slurms_leading_zero(pyslurm, world, monkeypatch):
+    monkeypatch.setattr(pyslurm, "__version__", "25.5.0")
+    world.version = "25.05.3"
+    assert available() == (True, "pyslurm 25.5.0 matches slurmctld 25.05.3")
+    world.version = "25.11.0"
+    ok, why = available()
+    assert not ok and "pyslurm 25.5.0 is for Slurm 25.05, but slurmctld runs Slurm 25.11.0" in why
+
+
 def test_unavailable_when_slurm_release_differs(pyslurm, world):
     world.version = "22.05.8"
     ok, why = available()
