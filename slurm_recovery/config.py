@@ -25,7 +25,6 @@ import msgspec
 
 from slurm_recovery.contract import settings as hook
 from slurm_recovery.contract.durations import DURATION_HINT
-from slurm_recovery.contract.durations import DURATION_UNITS as DURATION_UNITS
 from slurm_recovery.contract.durations import format_duration as format_duration
 from slurm_recovery.contract.durations import parse_duration as parse_duration
 from slurm_recovery.schema import (

@@ -5,24 +5,18 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal
 
-#: Units a duration string may use, in seconds.
-DURATION_UNITS: dict[str, Decimal] = {
-    "ms": Decimal("0.001"),
-    "s": Decimal(1),
-    "m": Decimal(60),
-    "h": Decimal(3600),
-    "d": Decimal(86400),
-}
+#: Units a duration string may use, in milliseconds: whole numbers, so that durations add up
+#: exactly without the decimal module (the hooks parse durations and pay for every import).
+UNIT_MS: dict[str, int] = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"  # ASCII digits only
-_UNIT = "|".join(sorted(DURATION_UNITS, key=len, reverse=True))  # "ms" before "m"
+_UNIT = "|".join(sorted(UNIT_MS, key=len, reverse=True))  # "ms" before "m"
 _PLAIN_SECONDS = re.compile(rf"\s*({_NUMBER})\s*")
 _DURATION = re.compile(rf"(?:\s*{_NUMBER}\s*(?:{_UNIT}))+\s*")
 _DURATION_PART = re.compile(rf"({_NUMBER})\s*({_UNIT})")
 DURATION_HINT = (
     'write a number of seconds (90) or a string with a unit ("90s", "5m", "1h30m"; '
-    "units: " + ", ".join(DURATION_UNITS) + ")"
+    "units: " + ", ".join(UNIT_MS) + ")"
 )
 
 
@@ -44,20 +38,33 @@ def parse_duration(value: object) -> float:
     else:
         plain = _PLAIN_SECONDS.fullmatch(value)
         if plain:
-            total = Decimal(plain.group(1))
+            parts = [(plain.group(1), "s")]
         elif _DURATION.fullmatch(value):
-            total = sum(
-                (Decimal(n) * DURATION_UNITS[u] for n, u in _DURATION_PART.findall(value)),
-                Decimal(0),
-            )
+            parts = _DURATION_PART.findall(value)
         else:
             raise ValueError(f"not a duration; {DURATION_HINT}")
-        seconds = float(total)  # inf when beyond float range
+        seconds = _exact_seconds(parts)
     if seconds < 0:
         raise ValueError(f"a duration cannot be negative; {DURATION_HINT}")
     if math.isinf(seconds):
         raise ValueError(f"a duration must be finite; {DURATION_HINT}")
     return seconds
+
+
+def _exact_seconds(parts: list[tuple[str, str]]) -> float:
+    """``[("1.5", "h"), ("30", "s")]`` -> 5430.0: summed as whole numbers over one
+    denominator, then divided once (Python rounds an int division correctly); inf when the
+    sum is beyond a float."""
+    scale = max(len(number.partition(".")[2]) for number, _ in parts)
+    total = 0
+    for number, unit in parts:
+        whole, _, fraction = number.partition(".")
+        digits = int((whole or "0") + fraction.ljust(scale, "0"))
+        total += digits * UNIT_MS[unit]
+    try:
+        return total / (10**scale * 1000)
+    except OverflowError:
+        return math.inf
 
 
 def format_duration(seconds: float) -> str:
@@ -73,9 +80,11 @@ def format_duration(seconds: float) -> str:
         rest = int(seconds)
         parts = []
         for unit in ("d", "h", "m", "s"):
-            count, rest = divmod(rest, int(DURATION_UNITS[unit]))
+            count, rest = divmod(rest, UNIT_MS[unit] // 1000)
             if count:
                 parts.append(f"{count}{unit}")
         return "".join(parts) or "0s"
+    from decimal import Decimal  # only here: the hooks never format a duration
+
     # repr() is the shortest decimal that reads back as the same float; "f" avoids exponents.
     return f"{Decimal(repr(float(seconds))):f}s"

@@ -8,7 +8,6 @@ both, following sbatch(1)'s "filename pattern" rules for the batch step (node 0,
 from __future__ import annotations
 
 import re
-from pathlib import PurePosixPath
 
 _SPEC = re.compile(r"%(\d*)([%AaJjNnstuxb])")
 #: Slurm's NO_VAL / unset array task index (a job that is not an array task).
@@ -68,9 +67,22 @@ def expand_output_path(
             return value
 
         expanded = _SPEC.sub(fill, pattern)
-    path = PurePosixPath(expanded)
-    if not path.is_absolute():
+    if not expanded.startswith("/"):
         if not workdir or not workdir.startswith("/"):
             return None
-        path = PurePosixPath(workdir) / path
-    return str(path)
+        expanded = f"{workdir}/{expanded}"
+    return normal_path(expanded)
+
+
+def normal_path(path: str) -> str:
+    """``path`` as :class:`pathlib.PurePosixPath` writes it (repeated and trailing slashes and
+    ``.`` parts dropped, ``..`` kept, POSIX's two leading slashes kept), without importing
+    pathlib: the prolog runs this on every job start."""
+    if path.startswith("//") and not path.startswith("///"):
+        lead = "//"
+    elif path.startswith("/"):
+        lead = "/"
+    else:
+        lead = ""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    return lead + "/".join(parts) or "."

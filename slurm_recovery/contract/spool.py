@@ -21,8 +21,10 @@ import stat
 import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pathlib is imported by the readers only: the hooks write, and pay per import
+    from pathlib import Path
 
 #: Sub-directory of a spool directory that holds event files, and of that, the refused ones.
 EVENTS_DIR = "events"
@@ -44,6 +46,8 @@ class HookSpool:
     uses :meth:`take`. ``bad`` counts files moved to ``events/bad/`` by this object."""
 
     def __init__(self, spool_dir: str | os.PathLike[str]) -> None:
+        from pathlib import Path
+
         self.spool_dir = Path(spool_dir)
         self.events_dir = self.spool_dir / EVENTS_DIR
         self.bad_dir = self.events_dir / BAD_DIR
@@ -54,7 +58,7 @@ class HookSpool:
     def put(self, event: Mapping[str, Any]) -> Path:
         """Write one event as the hooks do (:func:`spool_event`); its path. Names sort by
         creation time, so the sidecar sends events in the order they were put."""
-        return Path(spool_event(self.events_dir.parent, event))
+        return self.events_dir / os.path.basename(spool_event(self.events_dir.parent, event))
 
     # --- reading (the sidecar) --------------------------------------------------------------
 

@@ -18,7 +18,6 @@ from slurm_recovery import config
 from slurm_recovery.config import (
     CONFIG_ENV_VAR,
     DEFAULTS,
-    DURATION_UNITS,
     KEYS,
     SECTIONS,
     URL_ENV_VAR,
@@ -42,6 +41,7 @@ from slurm_recovery.config import (
     resolve_config_path,
     split_host_port,
 )
+from slurm_recovery.contract.durations import UNIT_MS
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "etc" / "config.toml"
@@ -852,7 +852,7 @@ def test_config_from_toml_and_dict_without_a_file():
 
 # --------------------------------------------------------------------------------- durations
 
-UNITS = sorted(DURATION_UNITS)
+UNITS = sorted(UNIT_MS)
 
 
 @given(st.floats(min_value=0, allow_nan=False, allow_infinity=False))
@@ -871,14 +871,14 @@ def test_whole_seconds_format_with_units(seconds):
 
 @given(st.integers(min_value=0, max_value=10**9), st.sampled_from(UNITS))
 def test_number_with_unit(count, unit):
-    assert parse_duration(f"{count}{unit}") == float(count * DURATION_UNITS[unit])
-    assert parse_duration(f" {count} {unit} ") == float(count * DURATION_UNITS[unit])
+    assert parse_duration(f"{count}{unit}") == count * UNIT_MS[unit] / 1000
+    assert parse_duration(f" {count} {unit} ") == count * UNIT_MS[unit] / 1000
 
 
 @given(st.lists(st.tuples(st.integers(0, 1000), st.sampled_from(UNITS)), min_size=1, max_size=5))
 def test_compound_durations_add_up(parts):
     text = "".join(f"{count}{unit}" for count, unit in parts)
-    assert parse_duration(text) == float(sum(count * DURATION_UNITS[unit] for count, unit in parts))
+    assert parse_duration(text) == sum(count * UNIT_MS[unit] for count, unit in parts) / 1000
 
 
 @given(st.one_of(st.integers(min_value=0, max_value=2**62), st.floats(0, 1e18)))

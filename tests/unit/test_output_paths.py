@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_recovery.contract.outputs import expand_output_path
+from slurm_recovery.contract.outputs import expand_output_path, normal_path
 
 
 def test_patterns_of_sbatch_man_page():
@@ -66,3 +66,8 @@ def test_pattern_pieces_expand_one_by_one(pieces):
     got = expand_output_path(pattern, job_id=77, name="name", user="user", batch_host="n3")
     # pathlib normalises repeated and trailing slashes, as the kernel would
     assert got == str(PurePosixPath(expected))
+
+
+@given(st.text(st.sampled_from("/.ab"), max_size=12))
+def test_paths_are_written_as_pathlib_writes_them(path):
+    assert normal_path(path) == str(PurePosixPath(path))
