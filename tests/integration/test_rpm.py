@@ -119,6 +119,7 @@ def test_main_package_requires(rpms: dict[str, Path]) -> None:
         "python3dist(aiohttp) >= 3.9",
         "python3dist(click) >= 8.1",
         "python3dist(clustershell) >= 1.9",
+        "python3dist(msgspec) >= 0.18",
         "python3dist(prometheus-client) >= 0.17",
         "python3dist(psutil) >= 5.9",
         "python3dist(rich) >= 13",

@@ -1379,6 +1379,27 @@ def test_fast_host_lists_match_clustershell_property(prefix, ranges, width, suff
     assert hooks.expand_nodes(expr) == clustershell(expr)
 
 
+def test_the_hooks_need_the_standard_library_and_the_contract_layer_only():
+    """Without site-packages (``-S``), the hooks module imports, and leaves out the standard
+    modules that cost a hook milliseconds on every job start (bench/hook_overhead.py)."""
+    code = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "import slurm_recovery.hooks\n"
+        "ours = sorted(m for m in sys.modules if m.startswith('slurm_recovery.'))\n"
+        "heavy = {'typing', 'pathlib', 'decimal', 'logging', 'dataclasses', 'tomllib'}\n"
+        "print(json.dumps([ours, sorted(heavy & set(sys.modules))]))\n"
+    )
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    ours, heavy = json.loads(done.stdout)
+    assert "slurm_recovery.hooks" in ours
+    assert [m for m in ours if not m.startswith("slurm_recovery.contract")] == [
+        "slurm_recovery.hooks"
+    ]
+    assert heavy == []
+
+
 def test_the_hot_path_imports_neither_the_config_module_nor_clustershell(tmp_path):
     config = config_file(tmp_path)
     code = (
