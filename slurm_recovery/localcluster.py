@@ -403,10 +403,28 @@ def slurm_release(spec: ClusterSpec) -> str:
     return _release_of(_program(spec, "slurmctld"))
 
 
-def free_port_block(count: int, start: int = 27000, stop: int = 60000) -> int:
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux's default is
+    32768-60999): a server port inside it can be taken by any outgoing connection between the
+    moment it is found free and the moment the server binds it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            low, high = (int(part) for part in fh.read().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def free_port_block(count: int, start: int = 20000, stop: int | None = None) -> int:
     """First port p with p..p+count-1 all free on loopback (so clusters never clash), from a
-    point in [start, stop) that depends on the process, wrapping around at ``stop``."""
-    start = min(start, stop - count - 1)
+    point in [start, stop) that depends on the process, wrapping around at ``stop``. ``stop``
+    defaults to the bottom of the kernel's ephemeral range (:func:`ephemeral_ports`): a port
+    above it was seen taken by an outgoing connection before the controller bound it
+    (``[Errno 98] address already in use`` in CI)."""
+    if stop is None:
+        stop = ephemeral_ports()[0]
+    if start > stop - count - 1:  # asked for a point past the range: start from its bottom
+        start = max(1024, min(20000, stop - 10 * count - 1))
     first = start + (os.getpid() % 500) * 20 % max(stop - start - count, 1)
     for base in [*range(first, stop - count, count + 1), *range(start, first, count + 1)]:
         try:

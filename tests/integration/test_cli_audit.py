@@ -21,7 +21,7 @@ from slurm_recovery import devstack, localcluster
 from slurm_recovery.contract.client import ControllerClient
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.store import Store
-from tests.conftest import _free_port_block, wait_for
+from tests.conftest import _free_port_block, wait_for, wait_passes
 
 pytestmark = pytest.mark.cluster
 
@@ -217,7 +217,7 @@ def test_compare_scores_agreement_and_disagreement(stack, slurm):
     # an operator drains a node the tool never implicated
     other = next(n for n in ("n1", "n2", "n3", "n4") if n not in (bad_a, bad_b))
     slurm.drain(other, "fan noise")
-    time.sleep(2.5)  # the controller observes at its next pass (1 s)
+    wait_passes(stack.url, 2)  # the controller observes it at its next pass
 
     out = srecovery(stack, "compare", "--since", since_arg(since), "--json")
     assert out.returncode == 0, out.stderr
@@ -274,7 +274,7 @@ def test_replay_shows_what_another_policy_would_change(stack, slurm, tmp_path):
     job_id, bad, incident = doomed_job(stack, slurm, "ecc storm")
     assert incident["advice"]["action"] == "requeue_exclude"
     slurm.drain(bad, "operator drain after the advice")  # replay winds this back
-    time.sleep(2.5)
+    wait_passes(stack.url, 2)  # observed
     window = ["--since", since_arg(since), "--json"]
 
     same = srecovery(stack, "replay", "--policy", str(stack.base / "policy.toml"), *window)
@@ -316,7 +316,7 @@ def test_replay_names_the_policy_problems(stack, tmp_path):
     out = srecovery(stack, "replay", "--policy", str(bad))
     assert out.returncode == 2
     assert "not a usable policy (2 problems)" in out.stderr
-    assert "mode = 'akt'" in out.stderr and "did you mean blast_radius.max_nodes" in out.stderr
+    assert "mode = 'akt'" in out.stderr and "(did you mean 'blast_radius.max_nodes'?)" in out.stderr
     missing = srecovery(stack, "replay", "--policy", str(tmp_path / "none.toml"))
     assert missing.returncode == 2 and "no such file" in missing.stderr
 

@@ -218,7 +218,7 @@ def test_status_reads_like_systemctl_status(stack):
 
 
 def test_status_of_a_controller_that_does_not_answer(stack):
-    dead = f"http://127.0.0.1:{_free_port_block(1, start=41000)}"
+    dead = f"http://127.0.0.1:{_free_port_block(1)}"
     out = srecovery(stack, "status", env={"SRECOVERY_URL": dead})
     assert out.returncode == 3
     assert out.stdout.startswith("● slurm-recovery controller: unreachable")

@@ -103,7 +103,7 @@ def world(tmp_path_factory) -> Iterator[World]:
         pytest.fail("the integration tests start slurmd and munged: run them as root")
     base = Path(tempfile.mkdtemp(prefix="srecovery-cliread-"))
     base.chmod(0o755)
-    port = _free_port_block(7, start=33000)
+    port = _free_port_block(7)
     stack = devstack.up(
         base, nodes=4, mode="act", port_base=port, api_port=port + 6, policy_extra=HANG_POLICY
     )

@@ -267,7 +267,7 @@ def test_a_jobs_own_settings_from_its_job_start_are_honoured(stacks, submit, sch
     )  # fmt: skip
     (story,) = wait_for(lambda: story_or_none(stack, watched))
     assert story["advice"]["mode"] == "monitor" and story["outcome"].startswith("monitor: ")
-    time.sleep(2)  # a few controller passes
+    wait_passes(stack.url, 2)  # a few controller passes
     assert story_or_none(stack, left_alone) == []  # --recovery=off: no incident at all
     for j in (left_alone, watched):
         assert scheduler.get_job(j).restart_count == 0  # Slurm untouched for both

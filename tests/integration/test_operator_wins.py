@@ -13,7 +13,7 @@ import time
 import pytest
 
 from slurm_recovery.store import Store
-from tests.conftest import wait_for
+from tests.conftest import wait_for, wait_passes
 from tests.integration.test_controller import running, scheduler, stacks  # noqa: F401
 
 pytestmark = pytest.mark.cluster
@@ -61,7 +61,7 @@ def test_an_operator_resume_after_the_tools_drain_is_not_reverted(
         ["scontrol", "update", f"nodename={bad}", "state=resume"], env=slurm_env, check=True
     )
     wait_for(lambda: [c for c in _changes(stack, job_id) if c["change"] == "resumed"], timeout=15)
-    time.sleep(3)  # several passes (the loop passes every second and on evidence)
+    wait_passes(stack.url, 3)  # several passes
     assert not scheduler.get_node(bad).drained, stack.log()
     drains = [a for a in stack.actions("drain") if a.result == "ok"]
     assert len(drains) == 1, drains
@@ -81,7 +81,7 @@ def test_an_operator_hold_after_the_tools_release_is_kept(
     stack, job_id, _, _ = _waiting_job(stacks, submit, scheduler)
     subprocess.run(["scontrol", "hold", str(job_id)], env=slurm_env, check=True)
     wait_for(lambda: [c for c in _changes(stack, job_id) if c["change"] == "held"], timeout=15)
-    time.sleep(3)
+    wait_passes(stack.url, 3)
     job = scheduler.get_job(job_id)
     assert job.held, stack.log()
     releases = [a for a in stack.actions("release") if a.result == "ok"]

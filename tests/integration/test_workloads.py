@@ -20,7 +20,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,7 +33,7 @@ from slurm_recovery.contract.client import ClientError, ControllerClient
 from slurm_recovery.scheduler.base import Job
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.store import Store
-from tests.conftest import _free_port_block, wait_for
+from tests.conftest import _free_port_block, wait_for, wait_passes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
 
@@ -377,7 +376,7 @@ def test_an_application_bug_is_stopped_and_blames_no_node(stack, sched, client, 
         ),
         timeout=60,
     )
-    time.sleep(3)  # a few controller passes: nothing may requeue it
+    wait_passes(stack.url, 3)  # a few controller passes: nothing may requeue it
     assert sched.get_job(job.job_id).restart_count == 0, context(job, story)
     assert ended.state in ("FAILED", "CANCELLED"), ended
     others = [s for s in stories(client, job.job_id) if s["id"] != story["id"]]
@@ -492,7 +491,7 @@ def test_a_clean_run_has_no_incident(stack, sched, client, jobs):
     job = jobs["clean"]
     done = wait_for(lambda: finished(sched, job.job_id, 0), timeout=150)
     assert done.state == "COMPLETED", context(job)
-    time.sleep(3)  # a few controller passes after the end
+    wait_passes(stack.url, 3)  # a few controller passes after the end
     assert stories(client, job.job_id) == [], context(job)
     steps = [e.evidence.payload["step"] for e in evidence(stack, job.job_id, "progress")]
     assert steps and max(steps) == 20, f"progress seen: {steps}"
