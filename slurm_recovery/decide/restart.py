@@ -10,9 +10,8 @@ and the clock. So these rules hold by construction, not by care at each call sit
   resume, undrain, hold or comment), and that change wins: ``next_step`` reports it in
   ``changes`` (the loop records it once as ``slurm_change`` evidence) and goes on without it.
 - Only the tool's own hold is released: the tool holds the job only while it applies the
-  exclusions (one pass, milliseconds), and moves the begin time to the first second the job
-  may start instead of keeping it held until then, so a hold seen after its release is someone
-  else's.
+  exclusions and until the first second the job may start (its begin time, at most a second
+  away), then releases it, so a hold seen after its release is someone else's.
 - A step Slurm shows done that has no record (the controller died between the call and the
   commit) is reported in ``found`` and counted as done.
 """
@@ -300,6 +299,10 @@ def _restart(
     earliest = earliest_restart(held_at)
     if not is_done("begin_now") and job.begin_time > earliest:
         return result(Step("begin_now", target, {"at": earliest}))
+    if now < earliest:
+        # Released before its begin time, the job misses the scheduling attempt the release
+        # triggers and waits for Slurm's next pass (the backfill's, 30 s by default).
+        return result(Wait("held until its begin time, then released"))
     return result(Step("release", target, milestone="released"))
 
 

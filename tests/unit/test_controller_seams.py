@@ -14,6 +14,7 @@ from msgspec.structs import replace
 
 from slurm_recovery.config import Config
 from slurm_recovery.controller import FAILPOINT_ENV, failpoint_from_env
+from slurm_recovery.controller.loop import Reconciler
 from slurm_recovery.controller.service import Controller
 from slurm_recovery.scheduler import Unreachable
 from tests.unit.test_replay import FakeSlurm, job, nodes
@@ -64,13 +65,29 @@ def test_on_pass_hears_every_pass_and_its_trouble(tmp_path: Path):
     assert trouble[:2] == ["slurmctld unreachable: connection refused"] * 2
 
 
-def test_on_pass_hears_a_pass_that_raised(tmp_path: Path, caplog):
-    """A pass that raises (here: the real scontrol backend, and no Slurm commands in its
-    bin_dir) still counts: systemd's watchdog hears the loop is alive, STATUS says why."""
+def test_on_pass_hears_why_slurm_could_not_be_read(tmp_path: Path):
+    """The real scontrol backend with no Slurm commands in its bin_dir: each pass ends with the
+    reason (no exception out of the loop), and systemd's STATUS says it."""
     heard: list[str] = []
     passes(Controller(config(tmp_path), on_pass=heard.append), heard, 2)
+    assert heard[:2] == [heard[0]] * 2
+    assert heard[0].startswith("cannot read Slurm: squeue not found"), heard[0]
+
+
+def test_on_pass_hears_a_pass_that_raised(tmp_path: Path, caplog, monkeypatch):
+    """A pass that raises (a bug) still counts: systemd's watchdog hears the loop is alive,
+    STATUS says to read the log, and the log has the error."""
+    heard: list[str] = []
+    controller = Controller(config(tmp_path), on_pass=heard.append)
+    controller.scheduler = FakeSlurm([job()], nodes())
+
+    def broken(self, view) -> None:
+        raise RuntimeError("a bug in a pass")
+
+    monkeypatch.setattr(Reconciler, "_detect_and_decide", broken)
+    passes(controller, heard, 2)
     assert heard[:2] == ["the pass failed (see the log)"] * 2
-    assert "squeue not found" in caplog.text
+    assert "a bug in a pass" in caplog.text
 
 
 def test_no_failpoint_unless_asked():

@@ -80,6 +80,25 @@ def test_the_sequence_from_a_running_job():
     assert step(pending, begun).action == Step("release", T, milestone="released")
 
 
+def test_the_release_waits_for_the_begin_time():
+    """Released before its begin time, a job misses the scheduling attempt the release
+    triggers and waits for Slurm's next pass (30 s or more; seen in CI). So the tool holds it
+    until the first second it may start, then releases it."""
+    requeued_at = NOW + 0.4  # earliest start: NOW + 1
+    done = {**DRAINED, ("mark", T): NOW, ("requeue_hold", T): requeued_at}
+    done |= {("exclude", T): NOW + 0.5, ("begin_now", T): NOW + 0.6}
+    pending = job(
+        "PENDING", 1, held=True, comment=MARK, nodes=(), excluded={"n2"}, begin_time=int(NOW) + 1
+    )
+    mark = parse_hold_mark(MARK)
+    for now in (NOW + 0.6, NOW + 0.99):
+        waiting = next_step(PLAN, pending, 0, done, nodes(), now, hold_mark_of=mark).action
+        assert waiting == Wait("held until its begin time, then released")
+    for now in (NOW + 1, NOW + 30):
+        released = next_step(PLAN, pending, 0, done, nodes(), now, hold_mark_of=mark).action
+        assert released == Step("release", T, milestone="released")
+
+
 def test_a_drain_the_operator_resumed_is_never_drained_again():
     """Item 3: ``scontrol update nodename=n2 state=resume`` after the tool drained it."""
     nxt = step(job(), DRAINED, nodes(drained=()))

@@ -56,11 +56,16 @@ def test_after_step_runs_once_the_step_is_on_record(tmp_path: Path):
 
     slurm.steps.clear()
     clock[0] = NOW + 1
-    reconciler(store, slurm, clock).tick()  # restarted, without the failpoint
+    loop = reconciler(store, slurm, clock)  # restarted, without the failpoint
+    loop.tick()
     assert [step for step, _ in slurm.steps] == [
         "requeue_hold",  # neither drain nor mark again
         "add_excluded_nodes",
-        "set_begin_now",
+        "set_begin_now",  # NOW + 2: held until then
+    ]
+    clock[0] = NOW + 2  # the begin time: released in the pass that reaches it
+    loop.tick()
+    assert [step for step, _ in slurm.steps][3:] == [
         "release",
         "set_admin_comment",  # the note that replaces the mark
     ]
@@ -133,7 +138,10 @@ def test_released_then_cut_off_the_mark_is_still_replaced_before_closing(tmp_pat
             slurm.refuse[("set_admin_comment", 7)] = Unreachable("Unable to contact slurm")
 
     loop = reconciler(store, slurm, clock, after_step=cut_off_after_release)
-    loop.tick()
+    loop.tick()  # held until its begin time, NOW + 1
+    clock[0] = NOW + 1
+    loop.tick()  # released, then cut off
+    assert ("release", (7,)) in slurm.steps
     (incident,) = store.list_incidents()
     assert hold_mark(incident.id, int(NOW) + 120) in slurm.jobs[7].admin_comment  # not replaced
     del slurm.refuse[("set_admin_comment", 7)]
@@ -183,6 +191,8 @@ def test_steps_slurm_shows_done_without_a_record_are_recorded_found(tmp_path: Pa
     )
     clock[0] = NOW + 2
     slurm.steps.clear()
+    loop.tick()  # begin time moved to NOW + 3: held until then
+    clock[0] = NOW + 3
     loop.tick()
     found = [(a.step, a.message) for a in store.actions(incident_id=incident.id)]
     assert [step for step, message in found if message.startswith("found done")] == [
