@@ -164,7 +164,8 @@ def up(
 ) -> DevStack:
     """Cluster (with the hooks, TaskProlog included, in its slurm.conf), controller, watchdog
     and one sidecar per node with simulated GPUs; idempotent. ``slurm``: the release to run
-    (``default`` = apt's, or a series built by scripts/build-slurm)."""
+    (``default`` = apt's, or a series built by scripts/build-slurm). A controller that does not
+    become healthy stops the whole stack (ClusterError; its logs stay in ``base/log``)."""
     from slurm_recovery.hooks import slurm_conf_lines, write_hook_wrappers
 
     base.mkdir(parents=True, exist_ok=True)
@@ -195,7 +196,13 @@ def up(
         if not localcluster.process_alive(state.get(key, 0), f"--node {node}"):
             state[key] = start_sidecar(config, node, logs / f"sidecar-{node}.log", env=env)
     (base / STATE_FILE).write_text(json.dumps(state))
-    wait_healthy(url, pid=state["controller"])
+    try:
+        wait_healthy(url, pid=state["controller"])
+    except localcluster.ClusterError as exc:
+        # a stack without its controller is of no use, and its daemons would outlive the
+        # caller (a test fixture whose setup failed is never torn down): stop them all
+        down(base)
+        raise localcluster.ClusterError(f"{exc}; stack stopped, logs in {logs}") from exc
     return DevStack(base=base, cluster=spec, config=config, url=url)
 
 
