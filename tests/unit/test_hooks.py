@@ -255,7 +255,7 @@ _PATH_TEXT = st.text(st.characters(codec="ascii", exclude_characters="\x00/"), m
     job=st.integers(1, 2**31),
     array=st.one_of(st.none(), st.tuples(st.integers(1, 2**31), st.integers(0, 5000))),
 )
-def test_output_path_agrees_with_the_scheduler_module(parts, absolute, job, array):
+def test_the_hooks_environment_gives_the_path_slurms_job_record_gives(parts, absolute, job, array):
     pattern = ("/o/" if absolute else "") + "".join(parts)
     env = {
         "SLURM_JOB_ID": str(job),
@@ -1206,16 +1206,12 @@ def test_deadline_gives_an_outer_timer_back():
 # --------------------------------------------------------------------------------- the light config
 
 
-def test_the_light_reader_agrees_with_the_config_module_on_defaults():
-    assert str(cfg.DEFAULT_CONFIG_PATH) == settings.DEFAULT_CONFIG_PATH
-    assert settings.CONFIG_ENV_VAR == cfg.CONFIG_ENV_VAR
-    assert settings.URL_ENV_VAR == cfg.URL_ENV_VAR
-    # every [hooks] key is the hooks' own, so their reader knows each of them
+def test_the_hooks_read_keys_the_daemons_know_and_every_hooks_key():
+    """The hooks' reader and the daemons' schema share the keys' defaults and checks
+    (contract.settings); what can still drift is the set of keys. A key only the hooks read
+    would be refused by the daemons as unknown; a [hooks] key the reader lacks, ignored."""
+    assert set(settings.HOOK_DEFAULTS) <= set(cfg.DEFAULTS)
     assert {k.dotted for k in cfg.KEYS if k.section == "hooks"} <= set(settings.HOOK_DEFAULTS)
-    for dotted, value in settings.HOOK_DEFAULTS.items():
-        expected = cfg.DEFAULTS[dotted]
-        ours = HOOK_CHECKS[dotted](value)
-        assert ours == (str(expected) if isinstance(expected, Path) else expected), dotted
 
 
 FULL_CONFIG = """
