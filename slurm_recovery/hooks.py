@@ -50,7 +50,6 @@ from contextlib import suppress
 from slurm_recovery.contract import hostlist, jobdir
 from slurm_recovery.contract.outputs import expand_output_path
 from slurm_recovery.contract.settings import (
-    HOOK_CHECKS,
     HOOK_DEFAULTS,
     NODE_PLACEHOLDER,
     SettingsError,
@@ -145,8 +144,7 @@ class HookConfig:
     __slots__ = ("source", "values")
 
     def __init__(self, values: Mapping[str, object] | None = None, source: str | None = None):
-        defaults = {k: HOOK_CHECKS[k](v) for k, v in HOOK_DEFAULTS.items()}
-        self.values = {**defaults, **(values or {})}
+        self.values = {**HOOK_DEFAULTS, **(values or {})}
         self.source = source
 
     def __getitem__(self, dotted: str) -> Any:

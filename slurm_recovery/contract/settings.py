@@ -148,11 +148,12 @@ def url(value: Any) -> str:
 
 # --------------------------------------------------------------------------------- the keys
 
-#: The keys the hooks read and their defaults, as written in TOML.
+#: The keys the hooks read and their defaults: the values the programs use, so each passes its
+#: own check unchanged (a unit test holds it) and a hook need not check them on every run.
 HOOK_DEFAULTS: Mapping[str, object] = {
     "sidecar.node": "",
     "sidecar.spool_dir": "/var/spool/slurm-recovery",
-    "sidecar.poll_interval": 10,
+    "sidecar.poll_interval": 10.0,
     "hooks.health_gate": False,
     "hooks.controller_timeout": 0.5,
     "hooks.job_dir": "/run/slurm-recovery/jobs/{node}",
@@ -178,12 +179,21 @@ HOOK_CHECKS: Mapping[str, Check] = {
 }
 
 
-def refuse_if_others_can_write(path: str, st: os.stat_result) -> None:
-    """Whoever can edit the file decides where root writes and which nodes are drained."""
+def refuse_if_others_can_write(
+    path: str,
+    st: os.stat_result,
+    *,
+    stakes: str = "change what slurm-recovery does to jobs and nodes",
+    what: str = "file",
+) -> None:
+    """Refuse a file any user can change (``st``: its open descriptor's), or replace (in a
+    world-writable directory without the sticky bit): whoever can edit our config or policy
+    decides where root writes, which jobs restart and which nodes drain. ``stakes`` says what
+    such a user could do, ``what`` names the file, in the message."""
     if st.st_mode & stat.S_IWOTH:
         raise SettingsError(
-            f"{path}: world-writable (mode {stat.S_IMODE(st.st_mode):04o}): refusing it; "
-            f"fix: chmod o-w {path}"
+            f"{path}: world-writable (mode {stat.S_IMODE(st.st_mode):04o}): any user could "
+            f"{stakes}; fix: chmod o-w {path}"
         )
     folder = os.path.dirname(os.path.realpath(path))
     try:
@@ -192,9 +202,34 @@ def refuse_if_others_can_write(path: str, st: os.stat_result) -> None:
         return
     if dst.st_mode & stat.S_IWOTH and not dst.st_mode & stat.S_ISVTX:
         raise SettingsError(
-            f"{path}: its directory {folder} is world-writable: refusing it; "
+            f"{path}: its directory {folder} is world-writable (mode "
+            f"{stat.S_IMODE(dst.st_mode):04o}): any user could replace the {what}; "
             f"fix: chmod o-w {folder}"
         )
+
+
+#: What a user who can edit the policy could do (the policy's own words in its refusals).
+POLICY_STAKES = "change which jobs are restarted and which nodes drained"
+
+
+def _load_toml(path: str, **refusal: str) -> dict[str, Any]:
+    """The TOML file ``path``, refused when others can write it (``refusal``: the words of
+    :func:`refuse_if_others_can_write`). FileNotFoundError as is (absent may be fine);
+    SettingsError naming the file for anything else."""
+    try:
+        with open(path, "rb") as fh:
+            refuse_if_others_can_write(path, os.fstat(fh.fileno()), **refusal)
+            raw = fh.read()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    import tomllib  # ~8 ms: only when there is a file
+
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"{path}: not a valid TOML file: {exc}") from None
 
 
 #: The modes a policy may put a partition in.
@@ -217,17 +252,9 @@ def policy_mode(path: str, partition: str) -> str:
     is writable by others, is not TOML, or holds a mode that is neither monitor nor act (the
     gate then fails open)."""
     try:
-        with open(path, "rb") as fh:
-            refuse_if_others_can_write(path, os.fstat(fh.fileno()))
-            raw = fh.read()
-    except OSError as exc:
+        data = _load_toml(path, stakes=POLICY_STAKES, what="policy")
+    except FileNotFoundError as exc:
         raise SettingsError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    import tomllib
-
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise SettingsError(f"{path}: not a valid TOML file: {exc}") from None
     default = data.get("mode", "monitor")
     tables = data.get("partitions", {})
     if not isinstance(tables, dict):
@@ -254,36 +281,25 @@ def read_hook_settings(env: Mapping[str, str]) -> tuple[dict[str, Any], str | No
     named = env.get(CONFIG_ENV_VAR)
     path = named or DEFAULT_CONFIG_PATH
     try:
-        with open(path, "rb") as fh:
-            refuse_if_others_can_write(path, os.fstat(fh.fileno()))
-            raw = fh.read()
+        data, source = _load_toml(path), path
     except FileNotFoundError:
         if named:
             raise SettingsError(f"{path}: no such file (named by ${CONFIG_ENV_VAR})") from None
-        raw = None
-    except OSError as exc:
-        raise SettingsError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+        data, source = {}, None  # the default file is absent: all defaults
     values: dict[str, Any] = {}
-    if raw is not None:
-        import tomllib  # ~8 ms: only when there is a file
-
+    for dotted, check in HOOK_CHECKS.items():
+        section, key = dotted.split(".")
+        table = data.get(section, {})
+        if not isinstance(table, dict) or key not in table:
+            continue
         try:
-            data = tomllib.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise SettingsError(f"{path}: not a valid TOML file: {exc}") from None
-        for dotted, check in HOOK_CHECKS.items():
-            section, key = dotted.split(".")
-            table = data.get(section, {})
-            if not isinstance(table, dict) or key not in table:
-                continue
-            try:
-                values[dotted] = check(table[key])
-            except ValueError as exc:
-                raise SettingsError(f"{path}: {dotted} = {table[key]!r}: {exc}") from None
+            values[dotted] = check(table[key])
+        except ValueError as exc:
+            raise SettingsError(f"{path}: {dotted} = {table[key]!r}: {exc}") from None
     override = env.get(URL_ENV_VAR)
     if override:
         try:
             values["client.url"] = url(override)
         except ValueError as exc:
             raise SettingsError(f"${URL_ENV_VAR} = {override!r}: {exc}") from None
-    return values, (path if raw is not None else None)
+    return values, source

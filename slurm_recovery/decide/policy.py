@@ -12,7 +12,6 @@ it; unknown keys are errors with a did-you-mean, also across tables.
 from __future__ import annotations
 
 import os
-import stat
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,12 @@ from typing import Annotated, Any, Self
 import msgspec
 
 from slurm_recovery.contract.durations import format_duration, parse_duration
+from slurm_recovery.contract.settings import (
+    POLICY_STAKES,
+    SettingsError,
+    mode_for,
+    refuse_if_others_can_write,
+)
 from slurm_recovery.decide.model import Action, FaultClass, Mode
 from slurm_recovery.schema import (
     Choice,
@@ -240,10 +245,8 @@ class Policy:
 
     def mode_for(self, partition: str) -> Mode:
         """The mode for a job in ``partition``; a job pending in several (``"a,b"``) acts only
-        when every one of them is in act mode."""
-        names = [p.strip() for p in partition.split(",") if p.strip()] or [""]
-        modes = {self.partition_modes.get(name, self.mode) for name in names}
-        return Mode.ACT if modes == {Mode.ACT} else Mode.MONITOR
+        when every one of them is in act mode (the rule the prolog's health gate shares)."""
+        return Mode(mode_for(partition, self.mode, self.partition_modes))
 
     def for_class(self, fault_class: FaultClass) -> ClassPolicy:
         return self.classes.get(fault_class) or DEFAULT_CLASSES[fault_class]
@@ -359,25 +362,13 @@ def load_policy(path: str | os.PathLike[str] = DEFAULT_POLICY_PATH) -> Policy:
 
 
 def _refuse_writable(file: str, st: os.stat_result) -> None:
-    """Whoever can change the file (or replace it: a world-writable folder without the sticky
-    bit) decides which jobs are restarted and which nodes drained."""
-    if st.st_mode & stat.S_IWOTH:
-        raise PolicyError(
-            f"{file}: world-writable (mode {stat.S_IMODE(st.st_mode):04o}): any user "
-            f"could change which jobs are restarted and which nodes drained; "
-            f"fix: chmod o-w {file}"
-        )
-    folder = os.path.dirname(os.path.realpath(file))
+    """Whoever can change the file (or replace it) decides which jobs are restarted and which
+    nodes drained: :func:`slurm_recovery.contract.settings.refuse_if_others_can_write`, the
+    prolog's health gate's check of the same file."""
     try:
-        folder_mode = os.stat(folder).st_mode
-    except OSError:
-        return
-    if folder_mode & stat.S_IWOTH and not folder_mode & stat.S_ISVTX:
-        raise PolicyError(
-            f"{file}: its directory {folder} is world-writable (mode "
-            f"{stat.S_IMODE(folder_mode):04o}): any user could replace the policy; "
-            f"fix: chmod o-w {folder}"
-        )
+        refuse_if_others_can_write(file, st, stakes=POLICY_STAKES, what="policy")
+    except SettingsError as exc:
+        raise PolicyError(str(exc)) from None
 
 
 def policy_from_toml(text: str, source: str = "<string>") -> Policy:

@@ -1264,8 +1264,16 @@ def test_the_default_file_may_be_absent(monkeypatch, tmp_path):
     monkeypatch.setattr(settings, "DEFAULT_CONFIG_PATH", str(tmp_path / "absent.toml"))
     config = hooks.load_hook_config({})
     assert config.source is None
-    assert config.values == {k: HOOK_CHECKS[k](v) for k, v in settings.HOOK_DEFAULTS.items()}
+    assert config.values == dict(settings.HOOK_DEFAULTS)
     assert config["sidecar.poll_interval"] == 10.0
+
+
+def test_every_hook_default_passes_its_own_check_unchanged():
+    """The hooks use the defaults as they are, without checking them on every run (the URL
+    check alone would import urllib.parse into every job start)."""
+    for dotted, value in settings.HOOK_DEFAULTS.items():
+        checked = HOOK_CHECKS[dotted](value)
+        assert (checked, type(checked)) == (value, type(value)), dotted
 
 
 @pytest.mark.parametrize(
