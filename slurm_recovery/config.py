@@ -59,48 +59,31 @@ ConfigError = SchemaError
 
 class AbsPath(PosixPath, Checked):
     LABEL = "absolute path"
-
-    @classmethod
-    def check(cls, value: Any) -> Self:
-        return cls(hook.path_string(value))
+    RULE = staticmethod(hook.path_string)
 
 
 class OptionalPath(str, Checked):
     LABEL = "absolute path, or empty"
-
-    @classmethod
-    def check(cls, value: Any) -> Self:
-        return cls(hook.optional_path(value))
+    RULE = staticmethod(hook.optional_path)
 
 
 class NodePath(AbsPath):
     LABEL = 'absolute path, may contain "{node}"'
-
-    @classmethod
-    def check(cls, value: Any) -> Self:
-        return cls(hook.node_path(value))
+    RULE = staticmethod(hook.node_path)
 
 
 class JobDir(NodePath):
-    @classmethod
-    def check(cls, value: Any) -> Self:
-        return cls(hook.job_dir(value))
+    RULE = staticmethod(hook.job_dir)
 
 
 class NodeName(str, Checked):
     LABEL = "string (Slurm node name), or empty"
-
-    @classmethod
-    def check(cls, value: Any) -> Self:
-        return cls(hook.node_name(value))
+    RULE = staticmethod(hook.node_name)
 
 
 class Url(str, Checked):
     LABEL = "string, an http:// or https:// URL"
-
-    @classmethod
-    def check(cls, value: Any) -> Self:
-        return cls(hook.url(value))
+    RULE = staticmethod(hook.url)
 
 
 class Retention(Duration):
@@ -240,17 +223,13 @@ def _unix_name(value: Any, what: str, *, empty_ok: bool) -> str:
 class GroupName(str, Checked):
     LABEL = "string (Unix group name), or empty"
 
-    @classmethod
-    def check(cls, value: Any) -> Self:
-        return cls(_unix_name(value, "group", empty_ok=True))
+    RULE = staticmethod(functools.partial(_unix_name, what="group", empty_ok=True))
 
 
 class UserName(str, Checked):
     LABEL = "string (Unix user name)"
 
-    @classmethod
-    def check(cls, value: Any) -> Self:
-        return cls(_unix_name(value, "user", empty_ok=False))
+    RULE = staticmethod(functools.partial(_unix_name, what="user", empty_ok=False))
 
 
 class SchedulerBackend(Choice):
