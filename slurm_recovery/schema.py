@@ -112,24 +112,28 @@ def _dec_hook(kind: type, value: Any) -> Any:
 # --------------------------------------------------------------------------------- reading
 
 
-def parse_toml(text: str, source: str | os.PathLike[str]) -> dict[str, Any]:
-    """``text`` parsed as TOML; a syntax error names ``source``, the line and shows it."""
+def parse_toml(
+    text: str, source: str | os.PathLike[str], *, error: type[SchemaError] = SchemaError
+) -> dict[str, Any]:
+    """``text`` parsed as TOML; a syntax error (raised as ``error``, the file's own subclass)
+    names ``source``, the line and shows it."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise SchemaError(_syntax_problem(source, text, exc)) from None
+        raise error(_syntax_problem(source, text, exc)) from None
 
 
 def read_toml(
     path: str | os.PathLike[str],
     *,
     check_stat: Callable[[str, os.stat_result], None] | None = None,
+    error: type[SchemaError] = SchemaError,
 ) -> tuple[str, dict[str, Any]]:
     """The text of the TOML file ``path`` and its contents.
 
     ``check_stat(path, stat)`` may refuse the open file (e.g. world-writable). Raises
-    :class:`FileNotFoundError` as is (the caller knows whether absent is fine) and
-    :class:`SchemaError` naming the file (and line) for anything else.
+    :class:`FileNotFoundError` as is (the caller knows whether absent is fine) and ``error``
+    (the file's own :class:`SchemaError` subclass) naming the file (and line) for anything else.
     """
     name = os.fspath(path)
     try:
@@ -140,22 +144,22 @@ def read_toml(
     except FileNotFoundError:
         raise
     except IsADirectoryError:
-        raise SchemaError(f"{name}: is a directory; name the file itself") from None
+        raise error(f"{name}: is a directory; name the file itself") from None
     except PermissionError:
-        raise SchemaError(
+        raise error(
             f"{name}: permission denied; run as a user that can read it (root), or "
             f"chmod o+r {name} if it holds nothing secret"
         ) from None
     except OSError as exc:
-        raise SchemaError(f"{name}: cannot read it: {exc.strerror or exc}") from None
+        raise error(f"{name}: cannot read it: {exc.strerror or exc}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise SchemaError(
+        raise error(
             f"{name}:{line}: not UTF-8 text; TOML files must be UTF-8 (convert it with iconv)"
         ) from None
-    return text, parse_toml(text, name)
+    return text, parse_toml(text, name, error=error)
 
 
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")

@@ -350,14 +350,12 @@ _TABLES = frozenset(
 def load_policy(path: str | os.PathLike[str] = DEFAULT_POLICY_PATH) -> Policy:
     """Read and check the policy file at ``path``. Raises :class:`PolicyError`."""
     try:
-        text, data = read_toml(path, check_stat=_refuse_writable)
+        text, data = read_toml(path, check_stat=_refuse_writable, error=PolicyError)
     except FileNotFoundError:
         raise PolicyError(
             f"{path}: no such file; check controller.policy in config.toml, or install the "
             "default policy (etc/policy.toml; docs/policy.md lists every key)"
         ) from None
-    except SchemaError as exc:
-        raise PolicyError(*exc.problems) from None
     return _policy(data, os.fspath(path), text)
 
 
@@ -373,11 +371,7 @@ def _refuse_writable(file: str, st: os.stat_result) -> None:
 
 def policy_from_toml(text: str, source: str = "<string>") -> Policy:
     """Parse and check policy ``text``; ``source`` names it in every error."""
-    try:
-        data = parse_toml(text, source)
-    except SchemaError as exc:
-        raise PolicyError(*exc.problems) from None
-    return _policy(data, source, text)
+    return _policy(parse_toml(text, source, error=PolicyError), source, text)
 
 
 def _policy(data: dict[str, Any], source: str, text: str) -> Policy:

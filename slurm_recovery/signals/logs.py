@@ -1281,11 +1281,7 @@ def signatures_from_toml(
     text: str, source: str = "<string>", *, xids: XidCatalogue | None = None
 ) -> SignatureCatalogue:
     """Parse and check catalogue ``text``; ``source`` is named in every error."""
-    try:
-        data = parse_toml(text, source)
-    except SchemaError as exc:
-        raise SignatureError(*exc.problems) from None
-    return _catalogue(text, data, source, xids)
+    return _catalogue(text, parse_toml(text, source, error=SignatureError), source, xids)
 
 
 def _catalogue(

@@ -525,8 +525,8 @@ def read_catalogue(
     try:
         if path is None:
             text = (resources.files("slurm_recovery.signals") / "data" / name).read_text("utf-8")
-            return text, parse_toml(text, source), source
-        text, data = read_toml(path)
+            return text, parse_toml(text, source, error=error), source
+        text, data = read_toml(path, error=error)
         return text, data, source
     except FileNotFoundError:
         if path is None:
@@ -535,8 +535,6 @@ def read_catalogue(
                 "(the package data must include signals/data/*.toml)"
             ) from None
         raise error(f"{source}: no such file; check the path of {what}") from None
-    except SchemaError as exc:
-        raise error(*exc.problems) from None
 
 
 def catalogue_entries(
@@ -583,11 +581,7 @@ def load_xid_catalogue(path: str | os.PathLike[str] | None = None) -> XidCatalog
 
 def catalogue_from_toml(text: str, source: str = "<string>") -> XidCatalogue:
     """Parse and check catalogue ``text``; ``source`` is named in every error."""
-    try:
-        data = parse_toml(text, source)
-    except SchemaError as exc:
-        raise CatalogueError(*exc.problems) from None
-    return _catalogue(text, data, source)
+    return _catalogue(text, parse_toml(text, source, error=CatalogueError), source)
 
 
 def catalogue_from_entries(entries: Iterable[XidInfo], source: str = "<code>") -> XidCatalogue:
