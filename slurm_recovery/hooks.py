@@ -274,7 +274,6 @@ def output_path(
     specifier as written."""
     if not pattern or pattern == "(null)":
         return None
-    task = _int(env.get("SLURM_ARRAY_TASK_ID"))
     return expand_output_path(
         pattern,
         job_id=_int(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")) or 0,
@@ -283,7 +282,7 @@ def output_path(
         workdir=env.get("SLURM_JOB_WORK_DIR"),
         batch_host=nodes[0] if nodes else None,
         array_job_id=_int(env.get("SLURM_ARRAY_JOB_ID")),
-        array_task_id=task,
+        array_task_id=_int(env.get("SLURM_ARRAY_TASK_ID")),
     )
 
 

@@ -61,7 +61,7 @@ class HookSpool:
     def put(self, event: Mapping[str, Any]) -> Path:
         """Write one event as the hooks do (:func:`spool_event`); its path. Names sort by
         creation time, so the sidecar sends events in the order they were put."""
-        return self.events_dir / os.path.basename(spool_event(self.events_dir.parent, event))
+        return self.events_dir / os.path.basename(spool_event(self.spool_dir, event))
 
     # --- reading (the sidecar) --------------------------------------------------------------
 
