@@ -106,8 +106,10 @@ def incident_of(stack, job_id: int, since: float) -> dict:
 
 
 def since_arg(at: float) -> str:
-    """``--since`` as a local ISO time (the CLI reads dates as local time)."""
-    return datetime.fromtimestamp(at).isoformat(timespec="seconds")
+    """``--since`` as a local ISO time (the CLI reads dates as local time), to the microsecond:
+    cut to the second, the window took in the incident the test before opened a second or two
+    earlier (``replayed`` 2, not 1, in CI)."""
+    return datetime.fromtimestamp(at).isoformat(timespec="microseconds")
 
 
 def doomed_job(stack, slurm, reason: str) -> tuple[int, str, dict]:
@@ -201,7 +203,7 @@ def test_tail_export_and_verify_an_intact_chain(stack, tmp_path):
 
 
 def test_compare_scores_agreement_and_disagreement(stack, slurm):
-    since = time.time() - 1
+    since = time.time()
     # agreement: the tool would take node A out; an operator drains it and requeues the job
     job_a, bad_a, _ = doomed_job(stack, slurm, "xid storm")
     slurm.drain(bad_a, "gpu dead (ticket 17)")
@@ -270,7 +272,7 @@ def test_compare_needs_since(stack):
 
 
 def test_replay_shows_what_another_policy_would_change(stack, slurm, tmp_path):
-    since = time.time() - 1
+    since = time.time()
     job_id, bad, incident = doomed_job(stack, slurm, "ecc storm")
     assert incident["advice"]["action"] == "requeue_exclude"
     slurm.drain(bad, "operator drain after the advice")  # replay winds this back

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from datetime import datetime
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_recovery.cli import cli
 from slurm_recovery.cli.audit_cmds import export_line, row_from_line
+from slurm_recovery.cli.common import parse_since
 from slurm_recovery.controller.audit_api import audit_page_json, audit_row_json
 from slurm_recovery.store import Evidence, JobAttempt, Store
 from slurm_recovery.store.audit import verify_chain
@@ -168,3 +171,16 @@ def test_incident_queries(tmp_path):
         assert [a.step for a in store.actions_between(steps=["drain", "release"])] == ["drain"]
         assert [a.step for a in store.actions_between(result=None)] == ["drain", "release"]
         assert store.actions_between(since=503.0) == []
+
+
+def test_since_reads_durations_and_dates_to_the_microsecond():
+    now = 1_796_185_903.0
+    assert parse_since("90s", now=now) == now - 90
+    assert parse_since("2d", now=now) == now - 2 * 86400
+    # a window that starts mid-second keeps what happened earlier in that second out
+    # (cut to the second, `replay --since` took in the incident of the test before)
+    at = 1_796_185_902.999520
+    assert parse_since(datetime.fromtimestamp(at).isoformat(timespec="microseconds")) == at
+    assert parse_since("2026-11-29T03:00+00:00") == 1_795_921_200.0
+    with pytest.raises(ValueError, match="neither a duration"):
+        parse_since("yesterday-ish")
