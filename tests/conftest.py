@@ -100,17 +100,24 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
 
 
 def wait_passes(url: str, passes: int = 2, timeout: float = 30.0) -> None:
-    """Wait until the controller at ``url`` has run ``passes`` whole loop passes from now (its
-    /healthz ``passes`` count): what a test that shows that nothing happens later waits for,
-    instead of a fixed sleep that passes whether or not the loop ran."""
+    """Wait until the controller at ``url`` has run ``passes`` whole loop passes from now, one
+    of them with a fresh read of Slurm's nodes (its /healthz ``passes`` and ``node_reads``: a
+    pass woken by evidence may reuse a listing up to a second old): what a test that shows
+    that nothing happens later waits for, instead of a fixed sleep that passes whether or not
+    the loop ran."""
 
-    def count() -> int:
+    def counts() -> tuple[int, int]:
         try:
             with urllib.request.urlopen(f"{url}/healthz", timeout=2) as resp:
                 body = json.load(resp)
         except urllib.error.HTTPError as exc:  # 503 "degraded" still counts its passes
             body = json.load(exc)
-        return int(body["passes"])
+        return int(body["passes"]), int(body["node_reads"])
 
-    target = count() + passes + 1  # the pass running now may have begun before this call
-    wait_for(lambda: count() >= target, timeout=timeout, interval=0.05)
+    # the pass (and the node read) running now may have begun before this call
+    passes0, reads0 = counts()
+    wait_for(
+        lambda: (now := counts())[0] >= passes0 + passes + 1 and now[1] >= reads0 + 2,
+        timeout=timeout,
+        interval=0.05,
+    )

@@ -8,6 +8,7 @@ line; the next one reads the store and Slurm and carries on without doing a step
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import logging
@@ -58,6 +59,10 @@ log = logging.getLogger("srecovery.controller")
 
 #: How far back evidence matters to detection and attribution (covers the policy windows).
 EVIDENCE_HORIZON = 3600.0
+#: How old a node listing a pass may reuse (``tick(reuse_nodes=True)``): a pass woken by
+#: evidence between two periodic ones reads the jobs again but not 10,000 nodes; a step that
+#: changes a node reads that node first (``_reconcile``).
+NODE_VIEW_MAX_AGE = 1.0
 #: Failed steps on one incident before the controller stops trying and asks for an operator.
 MAX_FAILED_STEPS = 5
 #: Called with each step's name once the step is recorded done. The integration tests inject
@@ -105,6 +110,30 @@ def xid_history(
             if record.id not in known:
                 found.append(core_evidence(record))
     return found
+
+
+class EvidenceWindow:
+    """The evidence the decisions read: the last EVIDENCE_HORIZON, less the sidecars' status
+    heartbeats (most rows on a large cluster, and they explain nothing). Read from the store
+    incrementally: each pass adds the rows stored since the last one and drops those that
+    aged out, so a pass's cost follows what arrived, not the hour's total."""
+
+    def __init__(self) -> None:
+        self.rows: list[CoreEvidence] = []
+        self.last_id = 0
+
+    def read(self, store: Store, now: float) -> list[CoreEvidence]:
+        since = now - EVIDENCE_HORIZON
+        new = store.find_evidence(
+            since=since, after_id=self.last_id, limit=1_000_000, skip_kinds=("sidecar_status",)
+        )
+        if new:
+            self.last_id = max(self.last_id, max(r.id for r in new))
+            self.rows.extend(core_evidence(r) for r in new)
+            self.rows.sort(key=lambda e: (e.observed_at, e.id))  # late arrivals, in order
+        cut = bisect.bisect_left(self.rows, since, key=lambda e: e.observed_at)
+        del self.rows[:cut]
+        return list(self.rows)
 
 
 def verdict_json(verdict: Verdict) -> dict[str, Any]:
@@ -223,6 +252,10 @@ class Reconciler:
         self.passes = 0
         self.last_error: str = ""
         self.last_view: ClusterView | None = None
+        #: node listings read from Slurm (/healthz shows it; passes may reuse one)
+        self.node_reads = 0
+        self._nodes: tuple[float, dict[str, Node]] | None = None  # (monotonic time, nodes)
+        self._evidence_window = EvidenceWindow()
         #: why this controller cannot trust its reading of this Slurm ("" when it can): set
         #: when its first read fails, and then every partition is in monitor mode for good
         self.slurm_problem: str = ""
@@ -247,15 +280,17 @@ class Reconciler:
 
     # --- the pass --------------------------------------------------------------------
 
-    def tick(self) -> bool:
+    def tick(self, reuse_nodes: bool = False) -> bool:
         """One pass over Slurm and the open incidents. Returns True while steps are in flight
-        (the caller then comes back sooner). Scheduler trouble is logged, never raised."""
+        (the caller then comes back sooner). Scheduler trouble is logged, never raised.
+        ``reuse_nodes``: take the node listing of an earlier pass if it is younger than
+        NODE_VIEW_MAX_AGE (the service's passes do; the jobs are read every pass)."""
         try:
-            return self._pass()
+            return self._pass(reuse_nodes)
         finally:
             self.passes += 1
 
-    def _pass(self) -> bool:
+    def _pass(self, reuse_nodes: bool) -> bool:
         try:
             self._apply_mode_overrides()
             for side_input in (self._import_watchdog_releases, self._import_hook_spool):
@@ -263,7 +298,7 @@ class Reconciler:
                     side_input()
                 except Exception:  # a bad spool must never stop recovery
                     log.exception("%s failed; going on", side_input.__name__)
-            view = self._view()
+            view = self._view(reuse_nodes)
             if self.last_view is None:
                 log.info("Slurm's jobs and nodes can be read")
             try:
@@ -349,10 +384,16 @@ class Reconciler:
             )
         self.policy = policy
 
-    def _view(self) -> ClusterView:
+    def _view(self, reuse_nodes: bool = False) -> ClusterView:
         now = self.clock()
         jobs = {j.job_id: j for j in self.scheduler.list_jobs()}
-        nodes = {n.name: n for n in self.scheduler.list_nodes()}
+        read_at = time.monotonic()
+        if reuse_nodes and self._nodes and 0 <= read_at - self._nodes[0] < NODE_VIEW_MAX_AGE:
+            nodes = self._nodes[1]
+        else:
+            nodes = {n.name: n for n in self.scheduler.list_nodes()}
+            self._nodes = (read_at, nodes)
+            self.node_reads += 1
         drained = {
             s.name: s.drained_at or s.updated_at
             for s in self.store.list_nodes(drained_by_tool=True)
@@ -392,12 +433,8 @@ class Reconciler:
             )
 
     def _evidence(self, now: float) -> list[CoreEvidence]:
-        """The last EVIDENCE_HORIZON of evidence the decisions read: not the sidecars'
-        status heartbeats, which are most rows on a large cluster and explain nothing."""
-        records = self.store.find_evidence(
-            since=now - EVIDENCE_HORIZON, limit=1_000_000, skip_kinds=("sidecar_status",)
-        )
-        return [core_evidence(r) for r in records]
+        """The last EVIDENCE_HORIZON of evidence the decisions read (:class:`EvidenceWindow`)."""
+        return self._evidence_window.read(self.store, now)
 
     # --- detect, attribute, advise -----------------------------------------------------
 
@@ -715,6 +752,7 @@ class Reconciler:
             return False
         job = view.jobs.get(job_id)
         nodes = dict(view.nodes)
+        fresh: set[str] = set()  # nodes read again in this pass
         for _ in range(12):  # one pass goes as far as Slurm allows
             actions = self.store.actions(incident_id=incident.id)
             failures = sum(1 for a in actions if a.result == "failed")
@@ -745,6 +783,12 @@ class Reconciler:
                 self._finish(incident, plan, job, nxt.action)
                 return False
             step = nxt.action
+            if step.name == "drain" and step.target not in fresh:
+                # the view's listing may be a second old: an operator's drain or resume of
+                # the node since then decides the step, never a stale picture of it
+                fresh.add(step.target)
+                nodes[step.target] = self.scheduler.get_node(step.target)
+                continue
             call = self._call(step, plan, job_id)
             params = {k: v for k, v in step.params.items() if k != "reason"} or None
             if not self._step(

@@ -260,7 +260,7 @@ class Controller:
     def _tick(self) -> bool:
         assert self.reconciler is not None
         self._prune()
-        busy = self.reconciler.tick()
+        busy = self.reconciler.tick(reuse_nodes=True)
         if self.reconciler.last_error:
             self.metrics.slurm_unreachable.inc()
         view = self.reconciler.last_view
@@ -517,6 +517,7 @@ class Controller:
             "cluster": self.cluster,
             "last_pass": views.iso(last),
             "passes": r.passes if r else 0,
+            "node_reads": r.node_reads if r else 0,
             "last_error": r.last_error if r else "starting",
             "auth": "off (development only)" if self.insecure else "munge",
             "modes": {  # the policy file's, with the operators' overrides (srecovery mode)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from slurm_recovery.contract import hostlist
+from slurm_recovery.scheduler import nodetext
 from slurm_recovery.scheduler.base import (
     InvalidRequest,
     Job,
@@ -49,6 +51,7 @@ class ScontrolScheduler(SchedulerSteps):
             self.env["SLURM_CONF"] = slurm_conf
         self._config: dict[str, str] | None = None
         self._client: tuple[int, int] | None = None
+        self._node_lines = nodetext.NodeLines()
 
     # --- plumbing ----------------------------------------------------------------------
 
@@ -57,13 +60,14 @@ class ScontrolScheduler(SchedulerSteps):
             return [str(Path(self.bin_dir) / argv[0]), *argv[1:]]
         return list(argv)
 
-    def _run(self, argv: Sequence[str]) -> str:
-        """Run one Slurm command; Slurm's refusal becomes the matching typed error."""
+    def _run(self, argv: Sequence[str], env: dict[str, str] | None = None) -> str:
+        """Run one Slurm command (``env``: variables to add); Slurm's refusal becomes the
+        matching typed error."""
         command = " ".join(argv)
         try:
             proc = subprocess.run(
                 self._argv(argv),
-                env=self.env,
+                env={**self.env, **env} if env else self.env,
                 capture_output=True,
                 text=True,
                 timeout=self.timeout,
@@ -185,8 +189,20 @@ class ScontrolScheduler(SchedulerSteps):
         raise self._missing(UnknownJob, ["scontrol", "show", "job", str(job_id)], f"job {job_id}")
 
     def list_nodes(self) -> list[Node]:
-        argv = self._per_node_json()
-        return nodes_from_json(self._document(argv), " ".join(argv))
+        """Every node, from ``scontrol -o show nodes`` (``scheduler.nodetext``: why not JSON);
+        a line read before is not parsed again, and a line the text cannot say with certainty
+        (free text after the reason) is read from the JSON."""
+        return self._node_lines.read(self._run(nodetext.COMMAND, nodetext.ENV), self._nodes_json)
+
+    def _nodes_json(self, names: Iterable[str]) -> dict[str, Node]:
+        """``names``' records from the JSON listing (22.05: every node's, then picked)."""
+        wanted = set(names)
+        if self.client_release() >= (23, 2):
+            argv = ["scontrol", "show", "node", hostlist.compress(sorted(wanted)), "--json"]
+        else:  # 22.05: sinfo --json ignores a node filter
+            argv = self._per_node_json()
+        nodes = nodes_from_json(self._document(argv), " ".join(argv))
+        return {node.name: node for node in nodes if node.name in wanted}
 
     def get_node(self, name: str) -> Node:
         if self.client_release() >= (23, 2):

@@ -266,16 +266,19 @@ def node_from_json(data: Mapping[str, Any], *, slurm: str = "unknown", where: st
     state, flags = r.state("state")
     if "state_flags" in data:  # 22.05: flags beside a lower-case base state
         flags |= frozenset(f.upper() for f in r.names("state_flags"))
+    reason = r.text("reason")
     return Node(
         name=name,
         state=state,
         flags=flags,
-        reason=r.text("reason"),
+        reason=reason,
         partitions=r.names("partitions"),
         address=r.text("address"),
         hostname=r.text("hostname"),
-        reason_set_by=r.text("reason_set_by_user", required=False),
-        reason_changed_at=r.number("reason_changed_at", required=False) or 0,
+        # who set the reason, and when: without a reason, a leftover (24.11 keeps the user of
+        # a reason since cleared), which the text listing does not show
+        reason_set_by=r.text("reason_set_by_user", required=False) if reason else "",
+        reason_changed_at=(r.number("reason_changed_at", required=False) or 0) if reason else 0,
         gpus=gpu_count(r.text("gres", required=False)),
     )
 

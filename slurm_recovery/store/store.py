@@ -476,11 +476,16 @@ class Store:
         until: float | None = None,
         limit: int = 10_000,
         skip_kinds: Iterable[str] = (),
+        after_id: int | None = None,
     ) -> list[EvidenceRecord]:
         """Evidence observed in ``[since, until]`` for a node, attempt and/or job, oldest first,
         except ``skip_kinds`` (e.g. ``sidecar_status``: the bulk of the evidence of a large
-        cluster, which no decision reads)."""
+        cluster, which no decision reads); ``after_id``: only rows stored after that one (rows
+        are only ever added, one writer at a time, so ids are committed in order)."""
         clauses, args = [], []
+        if after_id is not None:
+            clauses.append("id > ?")
+            args.append(check_int(after_id, "after_id", minimum=0))
         for column, value in (("node", node), ("attempt_id", attempt_id), ("job_id", job_id)):
             if value is not None:
                 clauses.append(f"{column} = ?")

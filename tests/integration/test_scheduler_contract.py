@@ -22,6 +22,7 @@ from slurm_recovery.scheduler import (
 )
 from slurm_recovery.scheduler.base import Node, earliest_restart
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
+from slurm_recovery.scheduler.slurmjson import nodes_from_json
 from tests.conftest import NODES, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -292,3 +293,38 @@ def test_an_arrays_pending_record_is_never_acted_on(scheduler: Scheduler, submit
     after = scheduler.get_job(first.job_id)
     assert after.state == "RUNNING" and after.restart_count == 0
     assert scheduler.get_job(array_id).state == "PENDING"
+
+
+def test_the_text_node_listing_says_what_the_json_says(local_cluster, slurm_env, submit):
+    """The loop's node read (``scontrol -o show nodes``, scheduler.nodetext) against the JSON
+    listing, node by node, in the states and with the free text that make the text hard: a
+    drain with a reason that looks like more fields, a comment that does, a job's nodes."""
+    sched = ScontrolScheduler(timeout=TIMEOUT, slurm_conf=str(local_cluster.slurm_conf))
+    job_id = submit("-N2", "--wrap=sleep 600")
+    wait_for(lambda: running(sched, job_id))
+
+    def scontrol(*args: str) -> None:
+        subprocess.run(["scontrol", "update", *args], env=slurm_env, check=True)
+
+    scontrol("NodeName=n3", "State=DRAIN", "Reason=gpu bad Comment=zz [root@1] State=IDLE")
+    scontrol("NodeName=n4", "State=DRAIN", "Reason=xid 79 on gpu 3 (ticket 17)")
+    scontrol("NodeName=n2", "Comment=rack 4 Reason=fine State=DOWN")
+    try:
+        listed = {n.name: n for n in sched.list_nodes()}
+        # n3's reason could end in two places: it came from the JSON, the others from text
+        assert sched._node_lines.parsed == NODES
+        argv = sched._per_node_json()
+        shown = {n.name: n for n in nodes_from_json(sched._document(argv), " ".join(argv))}
+        assert listed == shown
+        assert listed["n3"].reason == "gpu bad Comment=zz [root@1] State=IDLE"
+        assert listed["n4"].reason == "xid 79 on gpu 3 (ticket 17)" and listed["n4"].drained
+        assert listed["n4"].reason_set_by == "root" and listed["n4"].reason_changed_at > 0
+        assert not listed["n2"].drained and listed["n2"].reason == ""
+        busy = set(sched.get_job(job_id).nodes)
+        assert {listed[n].state for n in busy} <= {"ALLOCATED", "MIXED"}
+        again = sched.list_nodes()
+        assert sched._node_lines.parsed == 0 and {n.name: n for n in again} == listed
+    finally:
+        scontrol("NodeName=n2", "Comment=")
+        for name in ("n3", "n4"):
+            sched.resume_node(name)
