@@ -136,20 +136,54 @@ def db_usage(path: Path) -> tuple[int, int]:
     return (pages - free) * size, rows
 
 
+def sdiag_rpcs(env: dict[str, str]) -> dict[str, int]:
+    """slurmctld's RPC counts by message type (``sdiag``), less sdiag's own and the slurmds'
+    registrations: what clients asked of it."""
+    out = subprocess.run(["sdiag"], env=env, capture_output=True, text=True, timeout=30).stdout
+    counts: dict[str, int] = {}
+    in_types = False
+    for line in out.splitlines():
+        if line.startswith("Remote Procedure Call statistics by message type"):
+            in_types = True
+            continue
+        if in_types and not line.startswith("\t"):
+            break
+        if in_types:
+            parts = line.split()
+            count = next((p for p in parts if p.startswith("count:")), "")
+            if parts and count:
+                counts[parts[0]] = int(count.split(":")[1])
+    for own in ("REQUEST_STATS_INFO", "MESSAGE_NODE_REGISTRATION_STATUS"):
+        counts.pop(own, None)
+    return counts
+
+
+def rpc_rates(before: dict[str, int], after: dict[str, int], seconds: float) -> dict[str, float]:
+    """RPCs per second by type over a window (types seen in it only)."""
+    rates = {k: (after.get(k, 0) - before.get(k, 0)) / seconds for k in after}
+    return {k: v for k, v in sorted(rates.items()) if v > 0}
+
+
 # --------------------------------------------------------------------------------- the stack
 
 
 class Stack:
     """munged + slurmctld (``nodes`` defined, SLURMD_NODES running) + one controller."""
 
-    def __init__(self, base: Path, nodes: int, port_base: int, api_port: int) -> None:
+    def __init__(
+        self, base: Path, nodes: int, port_base: int, api_port: int, slurm_prefix: str = ""
+    ) -> None:
         self.base = base
         self.nodes = nodes
         self.api_port = api_port
         self.url = f"http://127.0.0.1:{api_port}"
         host = socket.gethostname()
         self.spec = localcluster.ClusterSpec(
-            base=base / "cluster", nodes=SLURMD_NODES, port_base=port_base, name="srscale"
+            base=base / "cluster",
+            nodes=SLURMD_NODES,
+            port_base=port_base,
+            name="srscale",
+            slurm_prefix=slurm_prefix,
         )
         if nodes > SLURMD_NODES:
             first = SLURMD_NODES + 1
@@ -490,6 +524,7 @@ def run_load(
             stderr=subprocess.DEVNULL,
         )
     load0 = os.getloadavg()
+    rpcs0 = sdiag_rpcs(stack.env())
     cpu0 = {k: cpu(p) for k, p in pids.items()}
     wait0 = cpu_wait(stack.controller)
     db0 = db_usage(stack.store)
@@ -498,6 +533,7 @@ def run_load(
     cpu1 = {k: cpu(p) for k, p in pids.items()}
     wait1 = cpu_wait(stack.controller)
     w1 = time.time()
+    rpcs1 = sdiag_rpcs(stack.env())
     db1 = db_usage(stack.store)
     load1 = os.getloadavg()
     rss_end = rss_mb(stack.controller)
@@ -542,6 +578,7 @@ def run_load(
         "loadavg_start": load0,
         "loadavg_end": load1,
         "window_s": wall,
+        "slurm_rpcs_per_s": rpc_rates(rpcs0, rpcs1, wall),
         "db_bytes_per_event": grown / events if events else None,
         "db_bytes_per_day": (grown / events) * offered * 86400 if events else None,
         "db_bytes_at_end": db1[0],
@@ -626,42 +663,58 @@ def decide_incident(stack: Stack, job_id: int, node: str) -> dict[str, Any]:
         "post_s": accepted - posted,
         "detected_s": found["detected"] - posted,
         "advised_s": found["advised"] - posted,
+        "decision_s": found["advised"] - found["detected"],
     }
 
 
 def pass_costs(stack: Stack) -> dict[str, Any]:
-    """What one pass of the controller's loop spends on a large cluster, measured here with the
-    controller's own code: reading the nodes (``sinfo --json``: the command, then one
-    ``json.loads`` that holds the GIL throughout, then the records), and reading the evidence of
-    the last hour (``Store.find_evidence`` as the loop calls it) from the store just loaded."""
+    """What one pass of the controller's loop spends on a large cluster, measured with the
+    controller's own code: its node read (``scontrol -o show nodes``, parsed line by line: a
+    first read, then a read with nothing changed), the JSON listing it replaced (the command,
+    then one ``json.loads`` that holds the GIL throughout), the jobs, and the evidence of the
+    last hour read from the store just loaded."""
     from slurm_recovery.controller.loop import EVIDENCE_HORIZON
     from slurm_recovery.scheduler.scontrol import ScontrolScheduler
-    from slurm_recovery.scheduler.slurmjson import nodes_from_json
     from slurm_recovery.store import Store
 
-    sched = ScontrolScheduler(timeout=60, slurm_conf=str(stack.spec.slurm_conf))
-    t0 = time.perf_counter()
+    sched = ScontrolScheduler(timeout=120, slurm_conf=str(stack.spec.slurm_conf))
+    if stack.spec.slurm_prefix:
+        sched.bin_dir = f"{stack.spec.slurm_prefix}/bin"
+
+    def timed(fn: Any) -> tuple[Any, float, float]:
+        """(result, wall s, CPU s of this process and its children)"""
+        c0, t0 = os.times(), time.perf_counter()
+        result = fn()
+        t1, c1 = time.perf_counter(), os.times()
+        used = sum(c1[:4]) - sum(c0[:4])
+        return result, t1 - t0, used
+
+    nodes, first_s, first_cpu = timed(sched.list_nodes)
+    _, again_s, again_cpu = timed(sched.list_nodes)
+    again_parsed = sched._node_lines.parsed
+    _, jobs_s, _ = timed(sched.list_jobs)
     listing = sched._per_node_json()  # sinfo --json on 22.05, scontrol show nodes --json after
-    out = sched._run(listing)
-    t1 = time.perf_counter()
-    data = json.loads(out)
-    t2 = time.perf_counter()
-    nodes = nodes_from_json(data)
-    t3 = time.perf_counter()
+    out, json_cmd_s, json_cmd_cpu = timed(lambda: sched._run(listing))
+    _, json_loads_s, _ = timed(lambda: json.loads(out))
     with Store.open(stack.store, readonly=True) as store:
-        t4 = time.perf_counter()
-        rows = store.find_evidence(since=time.time() - EVIDENCE_HORIZON, limit=1_000_000)
-        t5 = time.perf_counter()
+        rows, evidence_s, _ = timed(
+            lambda: store.find_evidence(since=time.time() - EVIDENCE_HORIZON, limit=1_000_000)
+        )
     return {
         "nodes": len(nodes),
-        "node_listing": " ".join(listing),
-        "sinfo_json_bytes": len(out),
-        "sinfo_command_s": t1 - t0,
-        "sinfo_json_loads_s": t2 - t1,
-        "node_records_s": t3 - t2,
+        "text_first_read_s": first_s,
+        "text_first_read_cpu_s": first_cpu,
+        "text_read_s": again_s,
+        "text_read_cpu_s": again_cpu,
+        "text_lines_parsed_again": again_parsed,
+        "jobs_read_s": jobs_s,
+        "json_listing": " ".join(listing),
+        "json_bytes": len(out),
+        "json_command_s": json_cmd_s,
+        "json_command_cpu_s": json_cmd_cpu,
+        "json_loads_s": json_loads_s,
         "evidence_rows_in_horizon": len(rows),
-        "evidence_read_s": t5 - t4,
-        "evidence_read_us_per_row": 1e6 * (t5 - t4) / len(rows) if rows else None,
+        "evidence_read_s": evidence_s,
     }
 
 
@@ -671,6 +724,51 @@ def decide_idle(stack: Stack, job_id: int, node: str, nodes: int) -> dict[str, A
     result = decide_incident(stack, job_id, node)
     result["nodes_in_view"] = nodes
     return result
+
+
+def decide_at(nodes: int, args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    """A fresh slurmctld with ``nodes`` defined, an idle controller: decide an incident (an
+    XID on a running job's node), then one pass's reads. Its own directory and ports."""
+    base = args.base / f"decide-{nodes}"
+    port_base = localcluster.free_port_block(PHANTOM_PORT_OFFSET + 1, start=args.port_base + 1000)
+    api_port = localcluster.free_port_block(1, start=port_base + PHANTOM_PORT_OFFSET + 1)
+    stack = Stack(base, nodes, port_base, api_port, prefix)
+    print(f"decide at {nodes} nodes: starting slurmctld ...", flush=True)
+    t = time.monotonic()
+    stack.up()
+    result: dict[str, Any] = {"nodes": nodes, "cluster_up_s": time.monotonic() - t}
+    try:
+        job = submit_job(stack, "n1")
+        wait_running(stack, job)
+        stack.start_controller()
+        time.sleep(3.0)  # a few passes: a steady, idle controller
+        rpcs0, t0 = sdiag_rpcs(stack.env()), time.time()
+        time.sleep(5.0)
+        rpcs1 = sdiag_rpcs(stack.env())
+        result["idle_slurm_rpcs_per_s"] = rpc_rates(rpcs0, rpcs1, time.time() - t0)
+        c0, w0 = cpu(stack.controller), time.time()
+        time.sleep(5.0)
+        c1 = cpu(stack.controller)
+        result["idle_controller_cpu_cores"] = (
+            c1["self"] + c1["children"] - c0["self"] - c0["children"]
+        ) / (time.time() - w0)
+        result["rss_mb"] = rss_mb(stack.controller)
+        result["decide"] = [decide_incident_again(stack, job, k) for k in range(3)]
+        result["pass_costs"] = pass_costs(stack)
+    finally:
+        with contextlib.suppress(Exception):
+            subprocess.run(["scancel", "--quiet", "-u", "root"], env=stack.env(), timeout=10)
+        stack.down()
+    return result
+
+
+def decide_incident_again(stack: Stack, job: int, k: int) -> dict[str, Any]:
+    """The k-th decision on ``job``: each on a fresh controller and store (an incident per
+    job attempt), 2 s after it starts."""
+    if k:
+        stack.start_controller()
+        time.sleep(2.0)
+    return decide_incident(stack, job, "n1")
 
 
 # --------------------------------------------------------------------------------- report
@@ -696,7 +794,8 @@ def print_table(report: dict[str, Any]) -> None:
     header = (
         f"{'nodes':>6} {'req/s':>7} {'ev/s ok':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
         f"{'ctl cpu':>7} {'ms/req':>6} {'wait':>5} {'+slurm':>6} {'rss MB':>7} {'munged':>6} "
-        f"{'gen':>5} {'ctld':>5} {'B/ev':>6} {'GB/day':>7} {'non-2xx':>7} {'load':>10}"
+        f"{'gen':>5} {'ctld':>5} {'rpc/s':>5} {'B/ev':>6} {'GB/day':>7} {'non-2xx':>7} "
+        f"{'load':>10}"
     )
     print(header)
     for r in runs:
@@ -713,6 +812,7 @@ def print_table(report: dict[str, Any]) -> None:
             f"{r['controller_slurm_commands_cpu_cores']:>6.2f} "
             f"{r['controller_rss_mb']:>7.0f} {r['munged_cpu_cores']:>6.2f} "
             f"{r['generator_cpu_cores']:>5.2f} {r['slurmctld_cpu_cores']:>5.2f} "
+            f"{sum(r['slurm_rpcs_per_s'].values()):>5.1f} "
             f"{bpe if bpe is None else round(bpe):>6} "
             f"{'-' if per_day is None else f'{per_day / 1e9:.1f}':>7} {bad:>7} "
             f"{r['loadavg_start'][0]:>4.1f}-{r['loadavg_end'][0]:<4.1f}"
@@ -721,33 +821,58 @@ def print_table(report: dict[str, Any]) -> None:
         "cpu columns: cores (1.00 = one core busy); ms/req: controller CPU per accepted "
         "request (its loop's passes included); wait: controller threads runnable but "
         "waiting for a CPU (held back by other processes); +slurm: the controller's "
-        "squeue/sinfo children; load: 1-min load average at window start-end"
+        "squeue/sinfo children; rpc/s: RPCs slurmctld served per second (sdiag, all but "
+        "its own and slurmd registrations); load: 1-min load average at window start-end"
     )
+    for r in runs:
+        print(f"  {r['nodes']} nodes, RPCs/s by type: {r['slurm_rpcs_per_s']}")
     print(f"retention: {report['retention']}")
     c = report.get("pass_costs")
     if c:
         ms = {k: f"{v * 1000:.0f} ms" for k, v in c.items() if k.endswith("_s")}
         print(
-            f"one pass over {c['nodes']} nodes: sinfo --json {ms['sinfo_command_s']} "
-            f"({c['sinfo_json_bytes'] / 1e6:.1f} MB), json.loads {ms['sinfo_json_loads_s']} "
-            f"(holds the GIL), node records {ms['node_records_s']}; evidence of "
-            f"the last hour: {c['evidence_rows_in_horizon']} rows read in "
+            f"one pass over {c['nodes']} nodes: node read (scontrol -o show nodes) "
+            f"{ms['text_read_s']} wall, {ms['text_read_cpu_s']} CPU with nothing changed "
+            f"({c['text_lines_parsed_again']} lines parsed), first read {ms['text_first_read_s']}"
+            f"; jobs {ms['jobs_read_s']}; the JSON listing it replaces ({c['json_listing']}): "
+            f"{ms['json_command_s']} ({c['json_bytes'] / 1e6:.1f} MB, "
+            f"{ms['json_command_cpu_s']} CPU) + json.loads {ms['json_loads_s']} holding the "
+            f"GIL; evidence of the last hour: {c['evidence_rows_in_horizon']} rows in "
             f"{ms['evidence_read_s']}"
-            + (
-                f" ({c['evidence_read_us_per_row']:.1f} us/row)"
-                if c["evidence_read_us_per_row"]
-                else ""
-            )
         )
     for label, key in (("under load", "decide_under_load"), ("idle", "decide_idle")):
         d = report.get(key)
         if d and "advised_s" in d:
             print(
                 f"decide an incident ({report['nodes_defined']} nodes, {label}): XID posted -> "
-                f"detected {d['detected_s'] * 1000:.0f} ms, advised {d['advised_s'] * 1000:.0f} ms"
+                f"detected {d['detected_s'] * 1000:.0f} ms, advised {d['advised_s'] * 1000:.0f} "
+                f"ms (the decision, detected -> advised: {d['decision_s'] * 1000:.1f} ms)"
             )
         elif d:
             print(f"decide an incident ({label}): {d.get('error')}")
+    if report.get("decide_by_nodes"):
+        print()
+        print(
+            f"{'nodes':>6} {'posted->advised ms':>19} {'decision ms':>12} {'node read ms':>13} "
+            f"{'idle cpu':>8} {'rss MB':>7} {'idle rpc/s':>10}"
+        )
+        for r in report["decide_by_nodes"]:
+            ok = [d for d in r["decide"] if "advised_s" in d]
+            if not ok:
+                print(f"{r['nodes']:>6} {r['decide']}")
+                continue
+            advised = "/".join(f"{d['advised_s'] * 1000:.0f}" for d in ok)
+            decision = "/".join(f"{d['decision_s'] * 1000:.1f}" for d in ok)
+            print(
+                f"{r['nodes']:>6} {advised:>19} {decision:>12} "
+                f"{r['pass_costs']['text_read_s'] * 1000:>13.0f} "
+                f"{r['idle_controller_cpu_cores']:>8.3f} {r['rss_mb']:>7.0f} "
+                f"{sum(r['idle_slurm_rpcs_per_s'].values()):>10.1f}"
+            )
+        print(
+            "  (three decisions each, on a fresh controller; idle cpu: cores, with its "
+            "Slurm commands)"
+        )
 
 
 def main() -> int:
@@ -768,6 +893,19 @@ def main() -> int:
         type=Path,
         help="sample the controller with py-spy over each window (collapsed stacks to DIR)",
     )
+    parser.add_argument(
+        "--slurm",
+        default="default",
+        help="Slurm release: apt's (default) or a series built under /opt/slurm (24.11)",
+    )
+    parser.add_argument(
+        "--decide-nodes",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also: for each N, a fresh slurmctld with N nodes defined and an idle controller: "
+        "the time to decide an incident and one pass's reads (e.g. 100 1000 10000 50000)",
+    )
     parser.add_argument("--generator", type=Path, help=argparse.SUPPRESS)
     parser.add_argument(
         "--launcher",
@@ -786,8 +924,10 @@ def main() -> int:
     if args.quick:
         args.tail = min(args.tail, 8.0)
     defined = max(max(nodes), SLURMD_NODES)
+    prefix = localcluster.resolve_slurm(args.slurm)
 
-    stack = Stack(args.base, defined, args.port_base, args.api_port)
+    stack = Stack(args.base, defined, args.port_base, args.api_port, prefix)
+    release = localcluster.slurm_release(stack.spec)
     stack.launcher = args.launcher
     print(f"starting munged, slurmctld ({defined} nodes defined) in {args.base} ...", flush=True)
     t = time.monotonic()
@@ -800,9 +940,11 @@ def main() -> int:
         "duration": args.duration,
         "nodes_defined": defined,
         "cluster_up_s": cluster_up_s,
+        "slurm": release,
         "node_view": (
-            f"real slurmctld (Slurm 22.05), slurm.conf defines {defined} nodes "
-            f"({SLURMD_NODES} with a slurmd); the controller reads them with sinfo --json"
+            f"real slurmctld (Slurm {release}), slurm.conf defines {defined} nodes "
+            f"({SLURMD_NODES} with a slurmd); the controller reads them with "
+            "scontrol -o show nodes (a listing under 1 s old reused by passes woken by evidence)"
         ),
         "auth": (
             "real MUNGE: one credential per request (role sidecar/hook), encoded by the "
@@ -848,6 +990,7 @@ def main() -> int:
             with contextlib.suppress(Exception):
                 subprocess.run(["scancel", "--quiet", "-u", "root"], env=stack.env(), timeout=10)
             stack.down()
+    report["decide_by_nodes"] = [decide_at(n, args, prefix) for n in args.decide_nodes]
     print_table(report)
     if args.json:
         write_json(args.json, "controller_scale", report, args.quick)

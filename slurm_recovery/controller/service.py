@@ -53,6 +53,24 @@ PRUNE_EVERY, PRUNE_BATCH = 3600.0, 10_000
 ROUTINE_KINDS = frozenset(
     {"sidecar_status", "progress", "gpu_activity", "gpu_inventory", "job_start"}
 )
+#: The least time from the start of one pass to the start of the next, however often
+#: evidence wakes the loop: each pass reads the jobs (one RPC to slurmctld), and an XID
+#: storm must not become a squeue storm. The busy cadence (steps in flight) is the same.
+MIN_PASS_GAP = 0.1
+
+
+def wakes_the_loop(evidence: Evidence) -> bool:
+    """Evidence a pass should see at once: not ROUTINE_KINDS, and a job's end only when it
+    did not end cleanly (an exit code or signal, or codes not known). A clean end is read
+    at the next regular pass; Slurm's record of the job is what detection reads anyway."""
+    if evidence.kind in ROUTINE_KINDS:
+        return False
+    if evidence.kind == "job_end":
+        p = evidence.payload
+        codes = [p.get(k) for k in ("exit_code", "signal")]
+        codes += [p.get(k, 0) for k in ("derived_exit_code", "derived_signal")]
+        return any(code != 0 for code in codes)
+    return True
 
 
 class _Worker:
@@ -216,7 +234,9 @@ class Controller:
 
     async def _run_loop(self) -> None:
         interval = self.config.controller.loop_interval
+        clock = asyncio.get_running_loop().time
         while True:
+            started = clock()
             try:
                 busy = await self.loop_worker.run(self._tick)
                 trouble = self.reconciler.last_error if self.reconciler else ""
@@ -227,7 +247,8 @@ class Controller:
                 self.on_pass(trouble)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=0.1 if busy else interval)
-            self._wake.clear()
+            await asyncio.sleep(max(0.0, MIN_PASS_GAP - (clock() - started)))
+            self._wake.clear()  # the pass that follows reads what woke it in the gap
 
     def _prune(self) -> None:
         """Retention (``store.retention``), at most once an hour, on the loop's thread: batch
@@ -386,7 +407,7 @@ class Controller:
                 try:
                     with store.transaction():
                         ids = self._store_evidence(store, *item)
-                    urgent = any(e.kind not in ROUTINE_KINDS for e in item[1])
+                    urgent = any(wakes_the_loop(e) for e in item[1])
                     results.append((ids, urgent))
                 except StoreError as exc:
                     results.append(exc)

@@ -16,6 +16,7 @@ from slurm_recovery.controller.loop import (
     Reconciler,
     core_evidence,
 )
+from slurm_recovery.controller.service import wakes_the_loop
 from slurm_recovery.decide.model import Mode
 from slurm_recovery.store import Evidence, Store
 from tests.fakeslurm import FakeSlurm
@@ -121,3 +122,23 @@ def test_a_drain_reads_its_node_first_and_keeps_an_operators_drain(tmp_path: Pat
     assert store.latest_advice(incident.id).verdict["drain"] == ["n2"]  # from the old listing
     assert [a.step for a in store.actions()] == ["mark", "requeue_hold", "exclude", "begin_now"]
     assert "drain_node" not in [step for step, _ in slurm.steps]
+
+
+def test_what_wakes_a_pass_at_once():
+    """A failed job's end, an XID, a report wake the loop; a clean end, a start, a status
+    wait for the next regular pass (at 100 job events a second, each woke a pass: 50 squeue
+    calls a second in bench/controller_scale.py)."""
+
+    def end(**codes) -> Evidence:
+        return Evidence("hook", "job_end", NOW, node="n1", job_id=7, payload=codes)
+
+    clean = {"exit_code": 0, "signal": 0, "derived_exit_code": 0, "derived_signal": 0}
+    assert not wakes_the_loop(end(**clean))
+    assert not wakes_the_loop(end(exit_code=0, signal=0))  # 22.05 epilogs: no derived codes
+    assert wakes_the_loop(end(**{**clean, "exit_code": 1}))
+    assert wakes_the_loop(end(**{**clean, "signal": 9}))
+    assert wakes_the_loop(end(**{**clean, "derived_exit_code": 2}))
+    assert wakes_the_loop(end(exit_code=None, signal=None))  # codes not known
+    assert wakes_the_loop(xid(79))
+    for kind in ("job_start", "sidecar_status", "progress"):
+        assert not wakes_the_loop(Evidence("sidecar", kind, NOW, node="n1"))
