@@ -294,8 +294,11 @@ def sidecar_templates(base: Path, config: Path) -> tuple[dict[str, Any], list[di
     return status, job_events
 
 
-def request_bytes(host: str, port: int, body: bytes, authorization: str) -> bytes:
-    """The request as urllib (ControllerClient) writes it."""
+def request_bytes(
+    host: str, port: int, body: bytes, authorization: str, keep_alive: bool = False
+) -> bytes:
+    """The request as ControllerClient writes it: urllib's one-shot (``Connection: close``),
+    or on a kept-alive connection (the sidecar's)."""
     head = (
         "POST /v1/evidence HTTP/1.1\r\n"
         "Accept-Encoding: identity\r\n"
@@ -304,7 +307,7 @@ def request_bytes(host: str, port: int, body: bytes, authorization: str) -> byte
         f"User-Agent: Python-urllib/{sys.version_info[0]}.{sys.version_info[1]}\r\n"
         f"Authorization: {authorization}\r\n"
         "Content-Type: application/json\r\n"
-        "Connection: close\r\n\r\n"
+        f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
     )
     return head.encode("latin-1") + body
 
@@ -351,24 +354,29 @@ def generate(spec: dict[str, Any]) -> None:
     rng = random.Random(1)
     status, job_events = spec["status"], spec["job_events"]
 
+    keep_alive = spec.get("keep_alive", False)
+
     def signed(body: bytes, role: str, node: str) -> bytes:
         headers = signing.sign(
             "POST", "/v1/evidence", body, role=role, node=node, socket=spec["munge_socket"]
         )
-        return request_bytes(host, port, body, headers["Authorization"])
+        # a sidecar keeps its connection (--keep-alive); a hook is a process: one request
+        kept = keep_alive and role == "sidecar"
+        return request_bytes(host, port, body, headers["Authorization"], kept)
 
     bodies = []
     for i in range(1, nodes + 1):
         name = f"n{i}"
         event = {**status, "node": name}
         bodies.append((name, json.dumps({"events": [event]}, separators=(",", ":")).encode()))
-    schedule: list[tuple[float, bytes, int]] = []  # (offset, request, events in it)
+    # (offset, request, events in it, the sidecar whose connection it goes on; -1: its own)
+    schedule: list[tuple[float, bytes, int, int]] = []
     t_build = time.perf_counter()
     for slot in range(int(total / period) + 1):
         for i, (name, body) in enumerate(bodies):
             offset = slot * period + period * i / nodes
             if offset < total:
-                schedule.append((offset, signed(body, "sidecar", name), 1))
+                schedule.append((offset, signed(body, "sidecar", name), 1, i))
     job_id = 2_000_000
     for k in range(int(total * job_rate)):
         name = f"n{rng.randint(1, nodes)}"
@@ -376,7 +384,7 @@ def generate(spec: dict[str, Any]) -> None:
         job_id += k % 2 == 0
         event = {**template, "node": name, "job_id": job_id}
         body = json.dumps({"events": [event]}, separators=(",", ":")).encode()
-        schedule.append((k / job_rate, signed(body, "hook", name), 1))
+        schedule.append((k / job_rate, signed(body, "hook", name), 1, -1))
     schedule.sort(key=lambda item: item[0])
     build_s = time.perf_counter() - t_build
     print(f"ready {len(schedule)} {build_s:.2f}", flush=True)
@@ -389,7 +397,7 @@ def generate(spec: dict[str, Any]) -> None:
 
 
 async def _run(
-    schedule: list[tuple[float, bytes, int]], host: str, port: int, spec: dict[str, Any]
+    schedule: list[tuple[float, bytes, int, int]], host: str, port: int, spec: dict[str, Any]
 ) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     t0_wall = time.time() + 0.5
@@ -403,13 +411,43 @@ async def _run(
     cap = spec["max_outstanding"]
     pending: set[asyncio.Task] = set()
 
-    async def send(payload: bytes, due: float, events: int, window: bool) -> None:
+    kept: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
+    locks: dict[int, asyncio.Lock] = {}
+
+    async def exchange_kept(sidecar: int, payload: bytes) -> str:
+        """One request on the sidecar's kept-alive connection (opened at its first), after
+        the one before it on that connection (as one sidecar thread sends)."""
+        async with locks.setdefault(sidecar, asyncio.Lock()):
+            for attempt in (0, 1):
+                if sidecar not in kept:
+                    kept[sidecar] = await asyncio.open_connection(host, port)
+                reader, writer = kept[sidecar]
+                try:
+                    writer.write(payload)
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = next(
+                        int(line.split(b":", 1)[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    )
+                    await reader.readexactly(length)
+                    return head[9:12].decode("ascii", "replace")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    kept.pop(sidecar, None)  # closed by the server while idle: reconnect
+                    if attempt:
+                        raise
+            raise AssertionError("unreachable")
+
+    async def send(payload: bytes, due: float, events: int, window: bool, sidecar: int) -> None:
         start = loop.time()
         done = loop.create_future()
         try:
-            await loop.create_connection(lambda: _Exchange(payload, done), host, port)
-            code = (await asyncio.wait_for(done, 30.0)).decode("ascii", "replace")
-        except (TimeoutError, OSError) as exc:
+            if spec.get("keep_alive") and sidecar >= 0:
+                code = await asyncio.wait_for(exchange_kept(sidecar, payload), 30.0)
+            else:
+                await loop.create_connection(lambda: _Exchange(payload, done), host, port)
+                code = (await asyncio.wait_for(done, 30.0)).decode("ascii", "replace")
+        except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
             code = type(exc).__name__
         end = loop.time()
         state["outstanding"] -= 1
@@ -420,7 +458,7 @@ async def _run(
                 lags.append(start - due)
                 state["events_ok"] += events
 
-    for offset, payload, events in schedule:
+    for offset, payload, events, sidecar in schedule:
         due = t0 + offset
         delay = due - loop.time()
         if delay > 0.001:
@@ -430,11 +468,13 @@ async def _run(
             state["capped"] += window
             continue
         state["outstanding"] += 1
-        task = loop.create_task(send(payload, due, events, window))
+        task = loop.create_task(send(payload, due, events, window, sidecar))
         pending.add(task)
         task.add_done_callback(pending.discard)
     if pending:
         await asyncio.wait(pending, timeout=35)
+    for _, writer in kept.values():
+        writer.close()
     return {
         "t0": t0_wall,
         "latency": quantiles(latencies),
@@ -464,6 +504,7 @@ def run_load(
         "status": templates[0],
         "job_events": templates[1],
         "max_outstanding": args.max_outstanding,
+        "keep_alive": args.keep_alive,
         "out": str(stack.base / f"gen-{nodes}.json"),
     }
     spec_path = stack.base / f"gen-{nodes}.spec.json"
@@ -735,8 +776,17 @@ def decide_at(nodes: int, args: argparse.Namespace, prefix: str) -> dict[str, An
     stack = Stack(base, nodes, port_base, api_port, prefix)
     print(f"decide at {nodes} nodes: starting slurmctld ...", flush=True)
     t = time.monotonic()
-    stack.up()
-    result: dict[str, Any] = {"nodes": nodes, "cluster_up_s": time.monotonic() - t}
+    result: dict[str, Any] = {"nodes": nodes}
+    try:
+        stack.up()
+    except (localcluster.ClusterError, subprocess.SubprocessError) as exc:  # e.g. no threads
+        stack.down()
+        log = stack.spec.base / "log" / "slurmctld.log"
+        fatal = [ln for ln in log.read_text(errors="replace").splitlines() if "fatal" in ln]
+        result["error"] = f"{exc}{': ' + fatal[-1] if fatal else ''}"
+        print(f"  {result['error']}", flush=True)
+        return result
+    result["cluster_up_s"] = time.monotonic() - t
     try:
         job = submit_job(stack, "n1")
         wait_running(stack, job)
@@ -790,6 +840,7 @@ def print_table(report: dict[str, Any]) -> None:
         f"events/s, window {report['duration']:g} s; auth: {report['auth']}"
     )
     print(f"node view: {report['node_view']}")
+    print(f"connections: {report['connections']}")
     print(f"controller: {report['controller']}")
     header = (
         f"{'nodes':>6} {'req/s':>7} {'ev/s ok':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
@@ -857,9 +908,9 @@ def print_table(report: dict[str, Any]) -> None:
             f"{'idle cpu':>8} {'rss MB':>7} {'idle rpc/s':>10}"
         )
         for r in report["decide_by_nodes"]:
-            ok = [d for d in r["decide"] if "advised_s" in d]
+            ok = [d for d in r.get("decide", []) if "advised_s" in d]
             if not ok:
-                print(f"{r['nodes']:>6} {r['decide']}")
+                print(f"{r['nodes']:>6} {r.get('error') or r['decide']}")
                 continue
             advised = "/".join(f"{d['advised_s'] * 1000:.0f}" for d in ok)
             decision = "/".join(f"{d['decision_s'] * 1000:.1f}" for d in ok)
@@ -892,6 +943,12 @@ def main() -> int:
         "--profile",
         type=Path,
         help="sample the controller with py-spy over each window (collapsed stacks to DIR)",
+    )
+    parser.add_argument(
+        "--keep-alive",
+        action="store_true",
+        help="each simulated sidecar sends on one kept-alive connection (hooks still one "
+        "request per connection, as a hook process does)",
     )
     parser.add_argument(
         "--slurm",
@@ -945,6 +1002,11 @@ def main() -> int:
             f"real slurmctld (Slurm {release}), slurm.conf defines {defined} nodes "
             f"({SLURMD_NODES} with a slurmd); the controller reads them with "
             "scontrol -o show nodes (a listing under 1 s old reused by passes woken by evidence)"
+        ),
+        "connections": (
+            "each sidecar on one kept-alive connection; each hook event on its own"
+            if args.keep_alive
+            else "one TCP connection per request (Connection: close)"
         ),
         "auth": (
             "real MUNGE: one credential per request (role sidecar/hook), encoded by the "

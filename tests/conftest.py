@@ -100,11 +100,10 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
 
 
 def wait_passes(url: str, passes: int = 2, timeout: float = 30.0) -> None:
-    """Wait until the controller at ``url`` has run ``passes`` whole loop passes from now, one
-    of them with a fresh read of Slurm's nodes (its /healthz ``passes`` and ``node_reads``: a
-    pass woken by evidence may reuse a listing up to a second old): what a test that shows
-    that nothing happens later waits for, instead of a fixed sleep that passes whether or not
-    the loop ran."""
+    """Wait until the controller at ``url`` has read Slurm's node listing afresh and then run
+    ``passes`` whole loop passes (its /healthz ``node_reads`` and ``passes``: the listing is
+    read by a thread of its own, every loop interval): what a test that shows that nothing
+    happens later waits for, instead of a fixed sleep that passes whether or not the loop ran."""
 
     def counts() -> tuple[int, int]:
         try:
@@ -114,10 +113,8 @@ def wait_passes(url: str, passes: int = 2, timeout: float = 30.0) -> None:
             body = json.load(exc)
         return int(body["passes"]), int(body["node_reads"])
 
-    # the pass (and the node read) running now may have begun before this call
-    passes0, reads0 = counts()
-    wait_for(
-        lambda: (now := counts())[0] >= passes0 + passes + 1 and now[1] >= reads0 + 2,
-        timeout=timeout,
-        interval=0.05,
-    )
+    # the read (and the pass) running now may have begun before this call
+    reads = counts()[1] + 2
+    wait_for(lambda: counts()[1] >= reads, timeout=timeout, interval=0.05)
+    target = counts()[0] + passes + 1
+    wait_for(lambda: counts()[0] >= target, timeout=timeout, interval=0.05)

@@ -22,6 +22,7 @@ from typing import Any
 from slurm_recovery.contract import hostlist
 from slurm_recovery.contract.spool import HookSpool
 from slurm_recovery.contract.wire import parse_event
+from slurm_recovery.controller.nodelisting import NodeListing
 from slurm_recovery.controller.observe import observe
 from slurm_recovery.decide.advise import advise, after_drains
 from slurm_recovery.decide.attribute import XID_REPEAT_WINDOW, attribute
@@ -59,10 +60,6 @@ log = logging.getLogger("srecovery.controller")
 
 #: How far back evidence matters to detection and attribution (covers the policy windows).
 EVIDENCE_HORIZON = 3600.0
-#: How old a node listing a pass may reuse (``tick(reuse_nodes=True)``): a pass woken by
-#: evidence between two periodic ones reads the jobs again but not 10,000 nodes; a step that
-#: changes a node reads that node first (``_reconcile``).
-NODE_VIEW_MAX_AGE = 1.0
 #: Failed steps on one incident before the controller stops trying and asks for an operator.
 MAX_FAILED_STEPS = 5
 #: Called with each step's name once the step is recorded done. The integration tests inject
@@ -227,7 +224,10 @@ class Reconciler:
         metrics: Any = None,
         clock: Callable[[], float] = time.time,
         after_step: StepDone | None = None,
+        node_listing: NodeListing | None = None,
     ) -> None:
+        """``node_listing``: where the passes take Slurm's nodes from (the service's, kept
+        fresh by its own thread); None: each pass reads them itself."""
         self.store = store
         self.scheduler = scheduler
         #: the policy file's; ``policy`` is it with the mode overrides on top (each pass)
@@ -252,9 +252,7 @@ class Reconciler:
         self.passes = 0
         self.last_error: str = ""
         self.last_view: ClusterView | None = None
-        #: node listings read from Slurm (/healthz shows it; passes may reuse one)
-        self.node_reads = 0
-        self._nodes: tuple[float, dict[str, Node]] | None = None  # (monotonic time, nodes)
+        self.node_listing = node_listing
         self._evidence_window = EvidenceWindow()
         #: why this controller cannot trust its reading of this Slurm ("" when it can): set
         #: when its first read fails, and then every partition is in monitor mode for good
@@ -280,17 +278,15 @@ class Reconciler:
 
     # --- the pass --------------------------------------------------------------------
 
-    def tick(self, reuse_nodes: bool = False) -> bool:
+    def tick(self) -> bool:
         """One pass over Slurm and the open incidents. Returns True while steps are in flight
-        (the caller then comes back sooner). Scheduler trouble is logged, never raised.
-        ``reuse_nodes``: take the node listing of an earlier pass if it is younger than
-        NODE_VIEW_MAX_AGE (the service's passes do; the jobs are read every pass)."""
+        (the caller then comes back sooner). Scheduler trouble is logged, never raised."""
         try:
-            return self._pass(reuse_nodes)
+            return self._pass()
         finally:
             self.passes += 1
 
-    def _pass(self, reuse_nodes: bool) -> bool:
+    def _pass(self) -> bool:
         try:
             self._apply_mode_overrides()
             for side_input in (self._import_watchdog_releases, self._import_hook_spool):
@@ -298,7 +294,7 @@ class Reconciler:
                     side_input()
                 except Exception:  # a bad spool must never stop recovery
                     log.exception("%s failed; going on", side_input.__name__)
-            view = self._view(reuse_nodes)
+            view = self._view()
             if self.last_view is None:
                 log.info("Slurm's jobs and nodes can be read")
             try:
@@ -384,16 +380,13 @@ class Reconciler:
             )
         self.policy = policy
 
-    def _view(self, reuse_nodes: bool = False) -> ClusterView:
+    def _view(self) -> ClusterView:
         now = self.clock()
         jobs = {j.job_id: j for j in self.scheduler.list_jobs()}
-        read_at = time.monotonic()
-        if reuse_nodes and self._nodes and 0 <= read_at - self._nodes[0] < NODE_VIEW_MAX_AGE:
-            nodes = self._nodes[1]
-        else:
+        if self.node_listing is None:
             nodes = {n.name: n for n in self.scheduler.list_nodes()}
-            self._nodes = (read_at, nodes)
-            self.node_reads += 1
+        else:  # kept fresh by its own thread: a pass never waits for 10,000 nodes
+            nodes = self.node_listing.nodes()
         drained = {
             s.name: s.drained_at or s.updated_at
             for s in self.store.list_nodes(drained_by_tool=True)

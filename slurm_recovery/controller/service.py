@@ -31,6 +31,7 @@ from slurm_recovery.contract.wire import WireError, parse_batch
 from slurm_recovery.controller import audit_api, operator_api, read_api, views
 from slurm_recovery.controller.loop import Reconciler, StepDone
 from slurm_recovery.controller.metrics import Metrics
+from slurm_recovery.controller.nodelisting import NodeListing
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import load_policy
 from slurm_recovery.scheduler import Node, Scheduler, SchedulerError, Unreachable, open_scheduler
@@ -187,6 +188,8 @@ class Controller:
             bin_dir=config.scheduler.slurm_bin_dir,
             slurm_conf=config.scheduler.slurm_conf,
         )
+        #: Slurm's nodes, read every loop interval by a thread of its own (nodelisting.py)
+        self.node_listing: NodeListing | None = None
         self.policy = load_policy(config.controller.policy)
         self.catalogue = load_xid_catalogue()
         self.cluster = ""
@@ -206,6 +209,10 @@ class Controller:
 
     def _make_reconciler(self) -> Reconciler:
         self.cluster = self.config.cluster.name or self.scheduler.cluster_name()
+        interval = self.config.controller.loop_interval
+        self.node_listing = NodeListing(
+            self.scheduler.list_nodes, every=interval, max_age=max(5.0, 3 * interval)
+        )
         return Reconciler(
             store=self.loop_worker.store(),
             scheduler=self.scheduler,
@@ -217,11 +224,14 @@ class Controller:
             hook_spool_dir=self.config.controller.spool_dir,
             metrics=self.metrics,
             after_step=self.after_step,
+            node_listing=self.node_listing,
         )
 
     async def start(self, app: web.Application) -> None:
         await self.ingest.run(self.ingest.store)  # opens (and migrates) the store
         self.reconciler = await self.loop_worker.run(self._make_reconciler)
+        assert self.node_listing is not None
+        self.node_listing.start()
         self._loop_task = asyncio.create_task(self._run_loop())
         if self.insecure:
             log.critical(requests.INSECURE_NO_AUTH_WARNING)
@@ -229,6 +239,8 @@ class Controller:
     async def stop(self, app: web.Application) -> None:
         if self._loop_task:
             self._loop_task.cancel()
+        if self.node_listing:
+            self.node_listing.stop()
         self.ingest.pool.shutdown(wait=True)
         self.loop_worker.pool.shutdown(wait=True)
 
@@ -281,7 +293,7 @@ class Controller:
     def _tick(self) -> bool:
         assert self.reconciler is not None
         self._prune()
-        busy = self.reconciler.tick(reuse_nodes=True)
+        busy = self.reconciler.tick()
         if self.reconciler.last_error:
             self.metrics.slurm_unreachable.inc()
         view = self.reconciler.last_view
@@ -538,7 +550,7 @@ class Controller:
             "cluster": self.cluster,
             "last_pass": views.iso(last),
             "passes": r.passes if r else 0,
-            "node_reads": r.node_reads if r else 0,
+            "node_reads": self.node_listing.reads if self.node_listing else 0,
             "last_error": r.last_error if r else "starting",
             "auth": "off (development only)" if self.insecure else "munge",
             "modes": {  # the policy file's, with the operators' overrides (srecovery mode)

@@ -1,12 +1,14 @@
 """What one pass of the loop reads (issue 19: cost that follows change): the evidence window
-read incrementally equals a full read, a pass may reuse a node listing under a second old,
-and a drain looks at its node as Slurm shows it now, not as a reused listing did."""
+read incrementally equals a full read, the node listing comes from its own thread and is never
+used stale, a drain looks at its node as Slurm shows it now, and what wakes a pass."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,9 +18,12 @@ from slurm_recovery.controller.loop import (
     Reconciler,
     core_evidence,
 )
+from slurm_recovery.controller.nodelisting import NodeListing
 from slurm_recovery.controller.service import wakes_the_loop
 from slurm_recovery.decide.model import Mode
+from slurm_recovery.scheduler.base import Unreachable
 from slurm_recovery.store import Evidence, Store
+from tests.conftest import wait_for
 from tests.fakeslurm import FakeSlurm
 from tests.unit.test_replay import CATALOGUE, NOW, WIDE, job, nodes, xid
 
@@ -27,13 +32,23 @@ class CountingSlurm(FakeSlurm):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.node_listings = 0
+        self.down: Unreachable | None = None  # raised by every read while set
 
     def list_nodes(self):
         self.node_listings += 1
+        if self.down:
+            raise self.down
         return super().list_nodes()
 
+    def list_jobs(self):
+        if self.down:
+            raise self.down
+        return super().list_jobs()
 
-def reconciler(store: Store, slurm: FakeSlurm, clock: list[float]) -> Reconciler:
+
+def reconciler(
+    store: Store, slurm: FakeSlurm, clock: list[float], listing: NodeListing | None = None
+) -> Reconciler:
     return Reconciler(
         store=store,
         scheduler=slurm,
@@ -42,6 +57,7 @@ def reconciler(store: Store, slurm: FakeSlurm, clock: list[float]) -> Reconciler
         cluster="c1",
         hold_deadline=120.0,
         clock=lambda: clock[0],
+        node_listing=listing,
     )
 
 
@@ -84,38 +100,56 @@ def test_the_evidence_window_read_incrementally_is_the_full_read(tmp_path_factor
         assert window.read(store, now) == [core_evidence(r) for r in full]
 
 
-def test_a_pass_reuses_a_node_listing_under_a_second_old(tmp_path: Path, monkeypatch):
-    store = Store.open(tmp_path / "state.db")
+def test_the_node_listing_is_read_by_its_thread_and_never_used_stale(tmp_path: Path):
     slurm = CountingSlurm([job(nodes=("n1", "n2"))], nodes())
-    clock, mono = [NOW], [100.0]
-    monkeypatch.setattr("slurm_recovery.controller.loop.time.monotonic", lambda: mono[0])
-    loop = reconciler(store, slurm, clock)
-    loop.tick(reuse_nodes=True)
-    loop.tick()  # a plain tick always reads
-    assert (slurm.node_listings, loop.node_reads) == (2, 2)
-    mono[0] += 0.5
-    loop.tick(reuse_nodes=True)
-    assert (slurm.node_listings, loop.node_reads, loop.passes) == (2, 2, 3)
-    mono[0] += 0.6  # 1.1 s after the last read
-    loop.tick(reuse_nodes=True)
-    assert slurm.node_listings == 3
+    mono = [100.0]
+    listing = NodeListing(slurm.list_nodes, every=1.0, max_age=5.0, clock=lambda: mono[0])
+    assert sorted(listing.nodes()) == [f"n{i}" for i in range(1, 9)]  # the first read: now
+    assert (slurm.node_listings, listing.reads) == (1, 1)
+    loop = reconciler(Store.open(tmp_path / "state.db"), slurm, [NOW], listing)
+    loop.tick()
+    loop.tick()
+    assert slurm.node_listings == 1 and loop.passes == 2  # the passes took the listing
+    slurm.down = Unreachable("slurmctld down")
+    mono[0] += 4.0
+    listing.refresh()  # fails: the listing read 4 s ago is still used
+    assert listing.nodes() and listing.reads == 1
+    mono[0] += 2.0  # 6 s old: not used; the pass gets Slurm's error and acts on nothing
+    with pytest.raises(Unreachable, match="slurmctld down"):
+        listing.nodes()
+    slurm.down = None  # the jobs read again, the nodes not: the pass still acts on nothing
+    loop.tick()
+    assert "slurmctld down" in loop.last_error
+    listing.refresh()
+    assert listing.nodes() and listing.reads == 2
 
 
-def test_a_drain_reads_its_node_first_and_keeps_an_operators_drain(tmp_path: Path, monkeypatch):
-    """The listing a pass reused says n2 is in service; an operator drained it since. The
+def test_the_listing_thread_reads_every_interval():
+    slurm = CountingSlurm([], nodes())
+    listing = NodeListing(slurm.list_nodes, every=0.05)
+    listing.start()
+    try:
+        wait_for(lambda: listing.reads >= 3, timeout=10, interval=0.01)
+    finally:
+        listing.stop()
+    reads = listing.reads
+    time.sleep(0.2)
+    assert listing.reads == reads  # stopped
+
+
+def test_a_drain_reads_its_node_first_and_keeps_an_operators_drain(tmp_path: Path):
+    """The listing (a second old) says n2 is in service; an operator drained it since. The
     tool's drain step reads n2, sees the operator's drain, and leaves its reason alone."""
     store = Store.open(tmp_path / "state.db")
     slurm = CountingSlurm([job(nodes=("n1", "n2"))], nodes())
-    clock, mono = [NOW], [100.0]
-    monkeypatch.setattr("slurm_recovery.controller.loop.time.monotonic", lambda: mono[0])
-    loop = reconciler(store, slurm, clock)
-    loop.tick(reuse_nodes=True)  # reads the nodes: all in service
+    listing = NodeListing(slurm.list_nodes)
+    loop = reconciler(store, slurm, [NOW], listing)
+    loop.tick()  # the listing: all in service
     slurm.nodes["n2"] = dataclasses.replace(
         slurm.nodes["n2"], flags=frozenset({"DRAIN"}), reason="dimm swap (ops)"
     )
     store.add_evidence([xid(79, node="n2", at=NOW - 1)], received_at=NOW)
-    mono[0] += 0.2
-    loop.tick(reuse_nodes=True)  # the reused listing still shows n2 in service
+    loop.tick()  # the listing still shows n2 in service
     assert slurm.node_listings == 1
     assert slurm.nodes["n2"].reason == "dimm swap (ops)"
     (incident,) = store.list_incidents()

@@ -1,0 +1,92 @@
+"""Slurm's node listing, kept fresh by a thread of its own.
+
+Why a thread: at 10,000 nodes one listing takes 0.1 to 0.3 s (``scontrol -o show nodes``,
+docs/performance.md); read inside the pass, every decision that arrives during it waits behind
+it, and a pass takes longer the larger the cluster. The loop instead takes the latest listing,
+at most ``every`` old while Slurm answers, and never waits for one: the time to decide an
+incident does not depend on the cluster's size. A step that changes a node reads that node
+first (``Reconciler._reconcile``), so a listing a second old never decides a drain.
+
+A listing older than ``max_age`` (Slurm stopped answering) is not used: the pass gets the
+last read's error, as if it had read Slurm itself, and acts on nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from slurm_recovery.scheduler import Node, SchedulerError, Unreachable
+
+log = logging.getLogger("srecovery.controller")
+
+
+class NodeListing:
+    """The latest ``read()`` (a scheduler's ``list_nodes``) by node name, and how old it is."""
+
+    def __init__(
+        self,
+        read: Callable[[], list[Node]],
+        *,
+        every: float = 1.0,
+        max_age: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._read = read
+        self.every = every
+        self.max_age = max_age
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._latest: tuple[float, dict[str, Node]] | None = None
+        self._error: SchedulerError | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: listings read so far (/healthz ``node_reads``)
+        self.reads = 0
+
+    def refresh(self) -> None:
+        """Read the listing now. Slurm's refusal is kept for :meth:`nodes` to raise."""
+        started = self.clock()
+        try:
+            nodes = {node.name: node for node in self._read()}
+        except SchedulerError as exc:
+            with self._lock:
+                self._error = exc
+            return
+        with self._lock:
+            self._latest, self._error = (started, nodes), None
+            self.reads += 1
+
+    def nodes(self) -> dict[str, Node]:
+        """The latest listing. The first call reads one; a listing older than ``max_age``
+        raises the last read's error (or :class:`Unreachable` saying how old it is)."""
+        if self._latest is None and self._error is None:
+            self.refresh()
+        with self._lock:
+            latest, error = self._latest, self._error
+        if latest is not None and self.clock() - latest[0] <= self.max_age:
+            return latest[1]
+        if error is not None:
+            raise error
+        age = "never read" if latest is None else f"last read {self.clock() - latest[0]:.0f}s ago"
+        raise Unreachable(f"Slurm's node listing is out of date ({age})")
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="srecovery-nodes", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            begun = self.clock()
+            try:
+                self.refresh()
+            except Exception:  # a bug here must not end the listing for good
+                log.exception("reading Slurm's node listing failed; retrying")
+            self._stop.wait(max(0.0, self.every - (self.clock() - begun)))
