@@ -34,7 +34,14 @@ from slurm_recovery.decide.jobsettings import (
     job_settings,
     policy_for_job,
 )
-from slurm_recovery.decide.model import Action, ClusterView, IncidentKind, Mode, Verdict
+from slurm_recovery.decide.model import (
+    Action,
+    ClusterView,
+    IncidentKind,
+    Mode,
+    Verdict,
+    partition_sizes,
+)
 from slurm_recovery.decide.model import Evidence as CoreEvidence
 from slurm_recovery.decide.model import Incident as CoreIncident
 from slurm_recovery.decide.policy import Policy
@@ -253,6 +260,7 @@ class Reconciler:
         self.last_error: str = ""
         self.last_view: ClusterView | None = None
         self.node_listing = node_listing
+        self._sized: tuple[Mapping[str, Node] | None, Mapping[str, int]] = (None, {})
         self._evidence_window = EvidenceWindow()
         #: why this controller cannot trust its reading of this Slurm ("" when it can): set
         #: when its first read fails, and then every partition is in monitor mode for good
@@ -387,12 +395,20 @@ class Reconciler:
             nodes = {n.name: n for n in self.scheduler.list_nodes()}
         else:  # kept fresh by its own thread: a pass never waits for 10,000 nodes
             nodes = self.node_listing.nodes()
+        if nodes is not self._sized[0]:  # counted once per listing, not per incident
+            self._sized = (nodes, partition_sizes(nodes.values()))
         drained = {
             s.name: s.drained_at or s.updated_at
             for s in self.store.list_nodes(drained_by_tool=True)
             if s.name in nodes and still_our_drain(nodes[s.name], s.drain_reason)
         }
-        return ClusterView(now=now, jobs=jobs, nodes=nodes, drained_by_tool=drained)
+        return ClusterView(
+            now=now,
+            jobs=jobs,
+            nodes=nodes,
+            drained_by_tool=drained,
+            partition_sizes=self._sized[1],
+        )
 
     def _forget_undone_drains(self, view: ClusterView) -> None:
         """A node the tool drained that is resumed (or drained again by someone else, for

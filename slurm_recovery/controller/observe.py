@@ -68,9 +68,11 @@ def changes(view: ClusterView, previous: ClusterView | None) -> list[dict[str, A
     if previous is None:
         return []
     out: list[dict[str, Any]] = []
-    for name in sorted(view.nodes):
+    # the same listing (or node record) as before: nothing to compare (a listing unchanged
+    # since the last pass is the same object: controller/nodelisting.py, scheduler/nodetext.py)
+    for name in sorted(view.nodes) if view.nodes is not previous.nodes else ():
         now, before = view.nodes[name], previous.nodes.get(name)
-        if before is None:
+        if before is None or now is before:
             continue
         if now.drained and not before.drained:
             if not tool_drain(now.reason):

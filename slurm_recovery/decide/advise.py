@@ -45,6 +45,7 @@ from slurm_recovery.decide.model import (
     Incident,
     IncidentKind,
     Verdict,
+    partition_sizes,
 )
 from slurm_recovery.decide.policy import NODE_CLASSES, ClassPolicy, Policy
 from slurm_recovery.scheduler.base import Job, Node
@@ -247,10 +248,9 @@ def plan_drains(
     radius = policy.blast_radius
     since = view.now - radius.window
     counted = {name for name, at in view.drained_by_tool.items() if at >= since}
-    sizes: dict[str, int] = {}
-    for node in view.nodes.values():
-        for partition in node.partitions:
-            sizes[partition] = sizes.get(partition, 0) + 1
+    sizes = view.partition_sizes
+    if sizes is None:
+        sizes = partition_sizes(view.nodes.values())
     window = format_duration(radius.window)
     drain: list[str] = []
     already: list[str] = []

@@ -32,6 +32,7 @@ from slurm_recovery.decide.model import (
     FaultClass,
     Incident,
     IncidentKind,
+    by_job,
 )
 from slurm_recovery.decide.policy import Policy
 from slurm_recovery.scheduler.base import Job, Node
@@ -60,19 +61,30 @@ def detect(
     """
     skip = set(open_or_done)
     advised_once = skip if advised is None else set(advised)
+    # Each job looks only at its own evidence and at the fatal events of its own nodes:
+    # indexed once, so a pass costs jobs + evidence, not jobs x evidence (bench/decision_scale)
     ordered = sorted(still_open(evidence), key=_evidence_order)
+    of_job = by_job(ordered)
+    fatal_on: dict[str, list[Evidence]] = {}
+    for ev in ordered:
+        if ev.node is not None and is_fatal_node_event(ev, catalogue):
+            fatal_on.setdefault(ev.node, []).append(ev)
     found: list[Incident] = []
     for job_id in sorted(view.jobs):
         job = view.jobs[job_id]
         if (job.job_id, job.restart_count) in skip:
             continue
+        own = of_job.get(job.job_id, [])
+        on_nodes = sorted(
+            (ev for node in set(job.nodes) for ev in fatal_on.get(node, ())), key=_evidence_order
+        )
         incident = (
-            _crash(job, ordered, view)
-            or _doomed(job, ordered, catalogue, view.nodes)
+            _crash(job, own, view)
+            or _doomed(job, on_nodes, catalogue, view.nodes)
             or (
                 None
                 if (job.job_id, job.restart_count) in advised_once
-                else _app_fault(job, ordered, view.now, policy.fatal_evidence_window.settle)
+                else _app_fault(job, own, view.now, policy.fatal_evidence_window.settle)
             )
         )
         if incident is not None:

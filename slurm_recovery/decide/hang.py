@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_recovery.decide.joblogs import judge_job_log, of_attempt, rank_node
-from slurm_recovery.decide.model import ClusterView, Evidence, Incident, IncidentKind
+from slurm_recovery.decide.model import ClusterView, Evidence, Incident, IncidentKind, by_job
 from slurm_recovery.decide.policy import HangPolicy, Policy
 from slurm_recovery.scheduler.base import Job
 from slurm_recovery.signals.flight_recorder import (
@@ -312,11 +312,13 @@ def hang_incidents(
     ceiling). A job that never reported step progress is judged by its GPUs alone
     (:func:`detect_gpu_idle`), and not at all when the sidecars saw no GPU activity either."""
     found = []
+    of_job = by_job(evidence)
     for job_id in sorted(view.jobs):
         job = view.jobs[job_id]
         if job.state != "RUNNING" or (job_id, job.restart_count) in open_or_done:
             continue
-        samples = progress_samples(evidence, job_id, job.nodes, job.restart_count)
+        own = of_job.get(job_id, [])  # every rule below reads only the job's own evidence
+        samples = progress_samples(own, job_id, job.nodes, job.restart_count)
         if samples:
             kind = "progress"
             finding = detect_hang(
@@ -329,25 +331,19 @@ def hang_incidents(
             )
         else:
             kind = "gpu_activity"
-            activity = [
-                ev
-                for ev in evidence
-                if ev.kind == kind and ev.job_id == job_id and of_attempt(ev, job.restart_count)
-            ]
+            activity = [ev for ev in own if ev.kind == kind and of_attempt(ev, job.restart_count)]
             finding = detect_gpu_idle(
                 job_id, activity, float(job.start_time), view.now, policy.hang
             )
         if finding is None:
             continue
-        ids = tuple(sorted(ev.id for ev in evidence if ev.kind == kind and ev.job_id == job_id))[
-            -5:
-        ]
+        ids = tuple(sorted(ev.id for ev in own if ev.kind == kind))[-5:]
         summary = finding.summary
-        recorded = flight_recorder_words(evidence, job)
+        recorded = flight_recorder_words(own, job)
         if recorded is not None:
             summary += f"; {recorded[0]}"
             ids = tuple(sorted({*ids, *recorded[1]}))
-        logged = log_words(evidence, job)
+        logged = log_words(own, job)
         if logged is not None:
             summary += f"; {logged[0]}"
             ids = tuple(sorted({*ids, *logged[1]}))

@@ -7,7 +7,7 @@ functions in ``detect``, ``attribute`` and ``advise``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -83,6 +83,29 @@ class ClusterView:
     nodes: Mapping[str, Node]
     #: node -> when the tool drained it (only drains still in force, any age)
     drained_by_tool: Mapping[str, float] = field(default_factory=dict)
+    #: nodes per partition (the blast radius's percentages); None: counted from ``nodes``
+    #: when needed. The loop counts once per node listing, not once per incident.
+    partition_sizes: Mapping[str, int] | None = None
+
+
+def by_job(evidence: Iterable[Evidence]) -> dict[int, list[Evidence]]:
+    """Each job's evidence, in the order given. The per-job rules (crash, hang, straggler,
+    log verdicts) read only their job's: indexed once per pass, a pass costs jobs + evidence
+    instead of jobs x evidence (bench/decision_scale.py)."""
+    found: dict[int, list[Evidence]] = {}
+    for ev in evidence:
+        if ev.job_id is not None:
+            found.setdefault(ev.job_id, []).append(ev)
+    return found
+
+
+def partition_sizes(nodes: Iterable[Node]) -> dict[str, int]:
+    """How many of ``nodes`` each partition has."""
+    sizes: dict[str, int] = {}
+    for node in nodes:
+        for partition in node.partitions:
+            sizes[partition] = sizes.get(partition, 0) + 1
+    return sizes
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from slurm_recovery.decide.hang import (
     attempt_samples,
     progress_samples,
 )
-from slurm_recovery.decide.model import ClusterView, Evidence, Incident, IncidentKind
+from slurm_recovery.decide.model import ClusterView, Evidence, Incident, IncidentKind, by_job
 from slurm_recovery.decide.policy import Policy, StragglerPolicy
 
 #: ``gpu_finding`` checks (sidecar/base.py GPU_CHECKS) that slow a GPU down: low clocks from
@@ -345,14 +345,17 @@ def straggler_incidents(
     ``suspects`` are the nodes the finding names; its ``trigger_ids`` the slowdown evidence and
     the job's latest progress reports."""
     found = []
+    of_job = by_job(evidence)
+    findings = [ev for ev in evidence if ev.kind == "gpu_finding"]
     for job_id in sorted(view.jobs):
         job = view.jobs[job_id]
         if job.state != "RUNNING" or (job_id, job.restart_count) in open_or_done:
             continue
-        samples = progress_samples(evidence, job_id, job.nodes, job.restart_count)
+        own = of_job.get(job_id, [])
+        samples = progress_samples(own, job_id, job.nodes, job.restart_count)
         if not samples:
             continue
-        node_evidence = [ev for ev in evidence if ev.kind == "gpu_finding" and ev.node in job.nodes]
+        node_evidence = [ev for ev in findings if ev.node in job.nodes]
         finding = detect_straggler(
             job_id,
             samples,
@@ -363,7 +366,7 @@ def straggler_incidents(
         )
         if finding is None:
             continue
-        progress = sorted(ev.id for ev in evidence if ev.kind == "progress" and ev.job_id == job_id)
+        progress = sorted(ev.id for ev in own if ev.kind == "progress")
         found.append(
             Incident(
                 job_id,

@@ -15,6 +15,7 @@ from slurm_recovery.decide.model import (
     IncidentKind,
     Mode,
     Verdict,
+    partition_sizes,
 )
 from slurm_recovery.decide.policy import BlastRadius, Policy, policy_from_toml
 from slurm_recovery.scheduler.base import ExitCode, Job, Node
@@ -296,6 +297,23 @@ def test_percent_of_a_partition_is_capped():
         "blast radius reached in partition gpu (2 of 20 nodes drained" in advice.reason
     )  # n10 and n1
     assert "max_percent = 10), needs operator" in advice.reason
+
+
+def test_partition_sizes_counted_once_per_listing_decide_the_same():
+    """The loop hands the view its partition sizes (counted once per node listing); the
+    advice is what counting them from the nodes gives."""
+    one = {"n10": NOW - 60}
+    view = cluster(drained=one, by_tool=one)
+    sized = dataclasses.replace(view, partition_sizes=partition_sizes(view.nodes.values()))
+    assert sized.partition_sizes == {"gpu": 20}
+    for found in (hardware("n1", "n2"), hardware("n3")):
+        assert decide(found, policy=POLICY, view=sized) == decide(found, policy=POLICY, view=view)
+    # the sizes given are the ones used: a partition said to hold 40 nodes fits both
+    assert decide(
+        hardware("n1", "n2"),
+        policy=POLICY,
+        view=dataclasses.replace(view, partition_sizes={"gpu": 40}),
+    ).drain == {"n1", "n2"}
 
 
 def test_a_small_partition_with_the_default_percent_drains_nothing():
