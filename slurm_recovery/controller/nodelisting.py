@@ -5,7 +5,8 @@ docs/performance.md); read inside the pass, every decision that arrives during i
 it, and a pass takes longer the larger the cluster. The loop instead takes the latest listing,
 at most ``every`` old while Slurm answers, and never waits for one: the time to decide an
 incident does not depend on the cluster's size. A step that changes a node reads that node
-first (``Reconciler._reconcile``), so a listing a second old never decides a drain.
+first, and again after (``Reconciler._reconcile``), and hands the record to :meth:`update`: a
+listing a second old never decides a drain, nor hides the tool's own.
 
 A listing older than ``max_age`` (Slurm stopped answering) is not used: the pass gets the
 last read's error, as if it had read Slurm itself, and acts on nothing.
@@ -41,6 +42,8 @@ class NodeListing:
         self._lock = threading.Lock()
         self._latest: tuple[float, dict[str, Node]] | None = None
         self._error: SchedulerError | None = None
+        #: node -> (when, its record) read afresh by the loop since a listing began
+        self._updates: dict[str, tuple[float, Node]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: listings read so far (/healthz ``node_reads``)
@@ -56,8 +59,25 @@ class NodeListing:
                 self._error = exc
             return
         with self._lock:
+            for name, (at, node) in list(self._updates.items()):
+                if at >= started:
+                    nodes[name] = node  # read afresh after this listing began: newer
+                else:
+                    del self._updates[name]  # this listing began after it: it shows it
             self._latest, self._error = (started, nodes), None
             self.reads += 1
+
+    def update(self, node: Node) -> None:
+        """A node the loop has just read afresh (before and after the tool drains it): the
+        listing shows this record from now on, and a listing that began before now cannot
+        bring the old one back. Without it, a listing a second old would show the tool's own
+        drain as undone, and the blast radius would not count it."""
+        at = self.clock()
+        with self._lock:
+            self._updates[node.name] = (at, node)
+            if self._latest is not None:
+                read_at, nodes = self._latest
+                self._latest = (read_at, {**nodes, node.name: node})
 
     def nodes(self) -> dict[str, Node]:
         """The latest listing. The first call reads one; a listing older than ``max_age``

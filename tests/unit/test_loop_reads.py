@@ -124,6 +124,55 @@ def test_the_node_listing_is_read_by_its_thread_and_never_used_stale(tmp_path: P
     assert listing.nodes() and listing.reads == 2
 
 
+def test_a_node_read_afresh_is_not_undone_by_a_listing_that_began_before():
+    """The tool drains n2 and reads it back while a listing (begun before the drain) is on
+    its way: that listing must not show n2 in service again; the next one shows Slurm."""
+    slurm = CountingSlurm([], nodes())
+    mono = [100.0]
+    listing = NodeListing(slurm.list_nodes, clock=lambda: mono[0])
+    listing.refresh()
+    drained = dataclasses.replace(slurm.nodes["n2"], flags=frozenset({"DRAIN"}), reason="x")
+    old_read = slurm.list_nodes  # a listing that began before the drain...
+
+    def slow_read():
+        result = old_read()
+        mono[0] += 0.5
+        slurm.nodes["n2"] = drained  # ...the drain happens while it is read
+        listing.update(drained)
+        return result
+
+    listing._read = slow_read
+    mono[0] += 1.0
+    listing.refresh()
+    assert listing.nodes()["n2"] is drained
+    listing._read = slurm.list_nodes
+    mono[0] += 1.0
+    listing.refresh()  # began after the update: Slurm's word again, whatever it is
+    slurm.nodes["n2"] = dataclasses.replace(drained, flags=frozenset(), reason="")
+    mono[0] += 1.0
+    listing.refresh()
+    assert not listing.nodes()["n2"].drained
+
+
+def test_the_tools_drain_shows_in_the_next_pass_with_a_listing_a_second_old(tmp_path: Path):
+    """The blast radius and the tool's own drains read the listing: one read before the
+    drain must not make the drain look undone (or let a second node be drained past the
+    cap)."""
+    store = Store.open(tmp_path / "state.db")
+    slurm = CountingSlurm([job(nodes=("n1", "n2"))], nodes())
+    listing = NodeListing(slurm.list_nodes)
+    loop = reconciler(store, slurm, [NOW], listing)
+    loop.tick()
+    store.add_evidence([xid(79, node="n2", at=NOW - 1)], received_at=NOW)
+    loop.tick()  # drains n2 (read fresh before and after), requeues the job
+    assert slurm.nodes["n2"].drained and slurm.node_listings == 1
+    loop.tick()  # the listing was read before the drain
+    state = store.get_node("n2")
+    assert state is not None and state.drained_by_tool
+    assert loop.last_view is not None and loop.last_view.drained_by_tool.keys() == {"n2"}
+    assert not [r for r in store.audit_rows(limit=100) if r.kind == "slurm_change"]
+
+
 def test_the_listing_thread_reads_every_interval():
     slurm = CountingSlurm([], nodes())
     listing = NodeListing(slurm.list_nodes, every=0.05)
