@@ -36,6 +36,7 @@ BENCHMARKS = (
     Benchmark("hang_overshoot", "hang declared how long after its deadline"),
     Benchmark("straggler_delay", "slowdown -> straggler incident"),
     Benchmark("controller_scale", "ingest rate, latency, CPU, RSS at 100 to 10,000 nodes"),
+    Benchmark("decision_scale", "the decision core's time per pass and incident, 100-50,000 nodes"),
     Benchmark("sidecar_overhead", "sidecar CPU and RSS with 8 simulated GPUs"),
     Benchmark("hook_overhead", "prolog/epilog/TaskProlog time added to job start and end"),
     Benchmark("attribution", "explain-log accuracy on the corpus of real failure logs"),

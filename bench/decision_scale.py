@@ -1,6 +1,6 @@
 """The decision core at 100 to 50,000 nodes: is deciding an incident independent of the size?
 
-    .venv/bin/python bench/decision_scale.py [--nodes 100 1000 10000 50000] [--json PATH]
+    .venv/bin/python bench/decision_scale.py [--quick | --nodes N ...] [--json PATH]
 
 Pure code, no Slurm (the controller's end-to-end figures are bench/controller_scale.py's; its
 slurmctld here cannot start 50,000 nodes). For each N: a cluster view of N nodes with 8 GPUs in
@@ -152,10 +152,12 @@ def measure(n: int) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[100, 1000, 10_000, 50_000])
+    parser.add_argument("--nodes", type=int, nargs="+", help="N (default 100 1000 10000 50000)")
+    parser.add_argument("--quick", action="store_true", help="N = 100, 1,000")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
-    rows = [measure(n) for n in args.nodes]
+    sizes = args.nodes or ([100, 1000] if args.quick else [100, 1000, 10_000, 50_000])
+    rows = [measure(n) for n in sizes]
     print(
         f"{'nodes':>6} {'jobs':>6} {'evidence':>8} {'detect ms':>10} {'hang+strag ms':>13} "
         f"{'decide ms':>10}  advice"
@@ -170,7 +172,7 @@ def main() -> int:
     spread = statistics.pstdev(r["decide_ms"] for r in rows)
     print(f"decide: mean {statistics.mean(r['decide_ms'] for r in rows):.3f} ms, sd {spread:.3f}")
     if args.json:
-        write_json(args.json, "decision_scale", {"runs": rows}, False)
+        write_json(args.json, "decision_scale", {"runs": rows}, args.quick)
     return 0
 
 
