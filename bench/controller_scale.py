@@ -1,15 +1,17 @@
 """Controller scale: one controller process under simulated sidecars, 100 to 10,000 nodes.
 
-    .venv/bin/python bench/controller_scale.py [--json PATH]      # N = 100, 1,000, 10,000
+    .venv/bin/python bench/controller_scale.py [--slurm 24.11] [--json PATH]   # 100 ... 10,000
     .venv/bin/python bench/controller_scale.py --quick            # N = 100, 1,000; ~35 s (CI)
+    .venv/bin/python bench/controller_scale.py --nodes 10000 --decide-nodes 100 1000 10000
 
 No thresholds are asserted (the target is one core and p99 < 100 ms at 10,000 nodes); every
 figure printed is measured in the run. Root, Slurm and munge installed (as the local cluster).
 
-What runs, all real and on this host: munged, a slurmctld whose slurm.conf defines the largest
-N nodes (2 with a slurmd, the rest defined only: no slurmd), and the controller started as
-``srecovery dev up`` starts it (``python -m slurm_recovery.controller``, MUNGE on, monitor
-mode, production loop interval). For each N, with a fresh store:
+What runs, all real and on this host: munged, a slurmctld (apt's, or ``--slurm SERIES`` built
+under /opt/slurm) whose slurm.conf defines the largest N nodes (2 with a slurmd, the rest
+defined only: no slurmd), and the controller started as ``srecovery dev up`` starts it
+(``python -m slurm_recovery.controller``, MUNGE on, monitor mode, production loop interval).
+For each N, with a fresh store:
 
 - a load generator (a separate process, raw asyncio) sends, for each of N nodes, one request
   every ``--period`` seconds carrying the event the sidecar sends periodically: the
@@ -20,23 +22,27 @@ mode, production loop interval). For each N, with a fresh store:
   healthy node's sidecar sends its status every 60 s and GPU findings only when they change:
   the default 10 s period is the target's, six times what a real sidecar sends.) The wire
   bytes are the sidecar's: urllib's request (``Connection: close``, one TCP connection per
-  request), the compact JSON body of ``ControllerClient.post_evidence``, and a real MUNGE
-  credential per request bound to that body (``Authorization: MUNGE``), encoded before the
-  measured window (a sidecar encodes on its own node; the controller decodes every one of
-  them in the window, as in production). The schedule is open-loop: a slow answer does not
-  delay the next request.
+  request; ``--keep-alive``: each sidecar on one kept-alive connection), the compact JSON body
+  of ``ControllerClient.post_evidence``, and a real MUNGE credential per request bound to
+  that body (``Authorization: MUNGE``), encoded before the measured window (a sidecar encodes
+  on its own node; the controller decodes every one of them in the window, as in
+  production). The schedule is open-loop: a slow answer does not delay the next request.
 - measured over the window: the rate of accepted events, latency from the start of the
   request (connect) to the end of the answer (p50/p99/max), the CPU of the controller process
   (fraction of one core, from /proc; its Slurm commands counted apart), its RSS, the CPU of
   munged (it decodes the credentials), slurmctld and the generator, the time the controller's
   threads were runnable but waiting for a CPU (this machine is shared: read the CPU and latency
-  figures with it and the load average), and the store's growth (bytes per event, per
-  simulated day). ``--profile DIR`` also samples the controller with py-spy (if installed).
+  figures with it and the load average), the RPCs slurmctld served per second (``sdiag``), and
+  the store's growth (bytes per event, per simulated day). ``--profile DIR`` also samples the
+  controller with py-spy (if installed).
 
 Then the time to decide an incident on the largest cluster: an XID 79 on a running job's node,
 posted as that node's sidecar, to the incident's ``detected`` and ``advised`` milestones, under
-the load of the largest N and idle; and what one pass of the loop spends on that cluster
-(reading its nodes with ``sinfo --json``, reading the last hour of evidence).
+the load of the largest N and idle; and what one pass of the loop spends on that cluster (the
+node listing it reads, ``scontrol -o show nodes``, against the JSON listing it replaced; the
+jobs; the last hour of evidence). ``--decide-nodes`` repeats the idle decision on a fresh
+slurmctld for each size given (50,000 does not start here: slurmctld cannot create the threads
+to ping that many absent nodes, and says so).
 
 Base directory /tmp/srecovery-scale, ports 18000-18999 (options). Stops everything it started.
 """
@@ -771,7 +777,7 @@ def decide_at(nodes: int, args: argparse.Namespace, prefix: str) -> dict[str, An
     """A fresh slurmctld with ``nodes`` defined, an idle controller: decide an incident (an
     XID on a running job's node), then one pass's reads. Its own directory and ports."""
     base = args.base / f"decide-{nodes}"
-    port_base = localcluster.free_port_block(PHANTOM_PORT_OFFSET + 1, start=args.port_base + 1000)
+    port_base = localcluster.free_port_block(PHANTOM_PORT_OFFSET + 1)  # the load's stack is down
     api_port = localcluster.free_port_block(1, start=port_base + PHANTOM_PORT_OFFSET + 1)
     stack = Stack(base, nodes, port_base, api_port, prefix)
     print(f"decide at {nodes} nodes: starting slurmctld ...", flush=True)
