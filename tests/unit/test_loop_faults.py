@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_recovery.controller.loop import MAX_FAILED_STEPS, Reconciler, StepDone
+from slurm_recovery.controller.nodelisting import NodeListing
 from slurm_recovery.decide.model import Mode
 from slurm_recovery.scheduler.base import Unreachable, UnsupportedOutput
 from slurm_recovery.store import Store, StoreFullError
@@ -17,7 +18,11 @@ from tests.unit.test_replay import CATALOGUE, NOW, WIDE, job, nodes, xid
 
 
 def reconciler(
-    store: Store, slurm: FakeSlurm, clock: list[float], after_step: StepDone | None = None
+    store: Store,
+    slurm: FakeSlurm,
+    clock: list[float],
+    after_step: StepDone | None = None,
+    listing: NodeListing | None = None,
 ) -> Reconciler:
     return Reconciler(
         store=store,
@@ -28,6 +33,7 @@ def reconciler(
         hold_deadline=120.0,
         clock=lambda: clock[0],
         after_step=after_step,
+        node_listing=listing,
     )
 
 

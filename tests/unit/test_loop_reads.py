@@ -15,17 +15,16 @@ from hypothesis import strategies as st
 from slurm_recovery.controller.loop import (
     EVIDENCE_HORIZON,
     EvidenceWindow,
-    Reconciler,
     core_evidence,
 )
 from slurm_recovery.controller.nodelisting import NodeListing
 from slurm_recovery.controller.service import wakes_the_loop
-from slurm_recovery.decide.model import Mode
 from slurm_recovery.scheduler.base import Unreachable
 from slurm_recovery.store import Evidence, Store
 from tests.conftest import wait_for
 from tests.fakeslurm import FakeSlurm
-from tests.unit.test_replay import CATALOGUE, NOW, WIDE, job, nodes, xid
+from tests.unit.test_loop_faults import reconciler
+from tests.unit.test_replay import NOW, job, nodes, xid
 
 
 class CountingSlurm(FakeSlurm):
@@ -44,21 +43,6 @@ class CountingSlurm(FakeSlurm):
         if self.down:
             raise self.down
         return super().list_jobs()
-
-
-def reconciler(
-    store: Store, slurm: FakeSlurm, clock: list[float], listing: NodeListing | None = None
-) -> Reconciler:
-    return Reconciler(
-        store=store,
-        scheduler=slurm,
-        policy=dataclasses.replace(WIDE, mode=Mode.ACT),
-        catalogue=CATALOGUE,
-        cluster="c1",
-        hold_deadline=120.0,
-        clock=lambda: clock[0],
-        node_listing=listing,
-    )
 
 
 # each batch: (seconds the clock moves on, [(observed this long before now, kind)])
@@ -106,7 +90,7 @@ def test_the_node_listing_is_read_by_its_thread_and_never_used_stale(tmp_path: P
     listing = NodeListing(slurm.list_nodes, every=1.0, max_age=5.0, clock=lambda: mono[0])
     assert sorted(listing.nodes()) == [f"n{i}" for i in range(1, 9)]  # the first read: now
     assert (slurm.node_listings, listing.reads) == (1, 1)
-    loop = reconciler(Store.open(tmp_path / "state.db"), slurm, [NOW], listing)
+    loop = reconciler(Store.open(tmp_path / "state.db"), slurm, [NOW], listing=listing)
     loop.tick()
     loop.tick()
     assert slurm.node_listings == 1 and loop.passes == 2  # the passes took the listing
@@ -161,7 +145,7 @@ def test_the_tools_drain_shows_in_the_next_pass_with_a_listing_a_second_old(tmp_
     store = Store.open(tmp_path / "state.db")
     slurm = CountingSlurm([job(nodes=("n1", "n2"))], nodes())
     listing = NodeListing(slurm.list_nodes)
-    loop = reconciler(store, slurm, [NOW], listing)
+    loop = reconciler(store, slurm, [NOW], listing=listing)
     loop.tick()
     store.add_evidence([xid(79, node="n2", at=NOW - 1)], received_at=NOW)
     loop.tick()  # drains n2 (read fresh before and after), requeues the job
@@ -192,7 +176,7 @@ def test_a_drain_reads_its_node_first_and_keeps_an_operators_drain(tmp_path: Pat
     store = Store.open(tmp_path / "state.db")
     slurm = CountingSlurm([job(nodes=("n1", "n2"))], nodes())
     listing = NodeListing(slurm.list_nodes)
-    loop = reconciler(store, slurm, [NOW], listing)
+    loop = reconciler(store, slurm, [NOW], listing=listing)
     loop.tick()  # the listing: all in service
     slurm.nodes["n2"] = dataclasses.replace(
         slurm.nodes["n2"], flags=frozenset({"DRAIN"}), reason="dimm swap (ops)"
