@@ -39,12 +39,17 @@ _FREE_TEXT = re.compile(
 _MARK = re.compile(r" \[([^\s\[\]@]*)@(\d+)\]$")
 
 
+def line_name(line: str) -> str:
+    """The node a ``NodeName=...`` line is about."""
+    return line[len("NodeName=") :].partition(" ")[0]
+
+
 def node_from_line(line: str) -> Node | None:
     """One ``scontrol -o show nodes`` line as a :class:`Node`; None when the line cannot be
     read with certainty (its free text could end in more than one place: read the JSON)."""
     if not line.startswith("NodeName="):
         return None
-    name = line[9 : line.find(" ")] if " " in line else ""
+    name = line_name(line)
     free = _FREE_TEXT.search(line)
     head = line[: free.start()] if free else line
     values = {}
@@ -62,7 +67,6 @@ def node_from_line(line: str) -> Node | None:
         set_by, changed_at = mark.group(1), int(mark.group(2))
         reason = reason[: mark.start()]
     base, *flags = values["State"].split("+")
-    gres = values["Gres"]
     return Node(
         name=name,
         state=base.upper(),
@@ -73,7 +77,7 @@ def node_from_line(line: str) -> Node | None:
         hostname=values["NodeHostName"],
         reason_set_by=set_by,
         reason_changed_at=changed_at,
-        gpus=gpu_count("" if gres == "(null)" else gres),
+        gpus=gpu_count(values["Gres"]),  # "(null)" counts none, as the JSON's ""
     )
 
 
@@ -100,7 +104,7 @@ class NodeLines:
                 parsed += 1
                 node = node_from_line(line)
             if node is None:
-                unread[line[9:].split(" ", 1)[0]] = line
+                unread[line_name(line)] = line
             else:
                 fresh[line] = node
         if unread:

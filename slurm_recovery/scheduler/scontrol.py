@@ -206,13 +206,11 @@ class ScontrolScheduler(SchedulerSteps):
 
     def get_node(self, name: str) -> Node:
         if self.client_release() >= (23, 2):
-            argv = ["scontrol", "show", "node", name, "--json"]
-            nodes = nodes_from_json(self._document(argv), " ".join(argv))
-        else:
-            nodes = self.list_nodes()
-        for node in nodes:
-            if node.name == name:
-                return node
+            found = self._nodes_json([name])
+        else:  # 22.05: its JSON lists every node; the text listing costs a tenth of it
+            found = {node.name: node for node in self.list_nodes()}
+        if name in found:
+            return found[name]
         raise self._missing(UnknownNode, ["scontrol", "show", "node", name], f"node {name!r}")
 
     def query(self, argv: Sequence[str]) -> str:
