@@ -796,7 +796,7 @@ class Reconciler:
                 # the view's listing may be a second old: an operator's drain or resume of
                 # the node since then decides the step, never a stale picture of it
                 fresh.add(step.target)
-                nodes[step.target] = self._read_node(step.target)
+                nodes[step.target] = self.read_node(step.target)
                 continue
             call = self._call(step, plan, job_id)
             params = {k: v for k, v in step.params.items() if k != "reason"} or None
@@ -812,15 +812,16 @@ class Reconciler:
             ):
                 return True
             if step.name == "drain":
-                nodes[step.target] = self._read_node(step.target)
+                nodes[step.target] = self.read_node(step.target)
             elif step.name == "cancel":
                 continue  # stopped: next_step closes
             else:
                 job = self.scheduler.get_job(job_id)
         return True
 
-    def _read_node(self, name: str) -> Node:
-        """The node as Slurm shows it now; the node listing shows it so from now on."""
+    def read_node(self, name: str) -> Node:
+        """The node as Slurm shows it now; the node listing shows it so from now on (the
+        tool's drains and the operator's drains and resumes through the controller)."""
         node = self.scheduler.get_node(name)
         if self.node_listing is not None:
             self.node_listing.update(node)

@@ -619,6 +619,8 @@ class _OperatorApi:
             results.append(item)
             if item["result"] == "not_tried":
                 continue
+            if item["result"] == "drained":
+                self._show_changed(name)
             now = time.time()
             with store.transaction():
                 if item["result"] == "drained":
@@ -657,6 +659,18 @@ class _OperatorApi:
             elif item["result"] == "failed":
                 log.warning("node %s: drain by %s failed: %s", name, wanted.user, item["message"])
         return {"reason": wanted.reason, "nodes": results, "slurm_reachable": reachable}
+
+    def _show_changed(self, name: str) -> None:
+        """After a drain or resume: the loop's next pass (and ``status``) shows the node as it
+        is now, not as the node listing read it up to a second before. A failed read changes
+        nothing: the next listing shows it."""
+        reconciler = self.c.reconciler
+        if reconciler is None:
+            return
+        try:
+            reconciler.read_node(name)
+        except SchedulerError as exc:
+            log.warning("node %s: reading it back after the change failed: %s", name, exc)
 
     def _undrain(self, wanted: _NodeRequest) -> dict[str, Any]:
         """On the loop's thread: read every node from Slurm first; refuse the whole request
@@ -723,6 +737,8 @@ class _OperatorApi:
             results.append(item)
             if item["result"] == "not_tried":
                 continue
+            if item["result"] == "resumed":
+                self._show_changed(name)
             now = time.time()
             with store.transaction():
                 old = store.get_node(name)
