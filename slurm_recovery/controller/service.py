@@ -36,7 +36,7 @@ from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import load_policy
 from slurm_recovery.scheduler import Node, Scheduler, SchedulerError, Unreachable, open_scheduler
 from slurm_recovery.signals.xid import load_xid_catalogue
-from slurm_recovery.store import Evidence, Store, StoreError
+from slurm_recovery.store import Checkpointer, Evidence, Store, StoreError
 from slurm_recovery.store.store import ROUTINE_EVIDENCE
 
 log = logging.getLogger("srecovery.controller")
@@ -78,13 +78,14 @@ class _Worker:
     """One thread that owns one Store connection; everything store-related runs on it."""
 
     def __init__(self, name: str, db: Path) -> None:
+        """Its commits never checkpoint the WAL: the service's Checkpointer does that."""
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.local = threading.local()
         self.db = db
 
     def store(self) -> Store:
         if not hasattr(self.local, "store"):
-            self.local.store = Store.open(self.db)
+            self.local.store = Store.open(self.db, auto_checkpoint=False)
         return self.local.store
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -178,6 +179,7 @@ class Controller:
         self.metrics = Metrics()
         self.ingest = _Worker("srecovery-ingest", config.store.path)
         self.loop_worker = _Worker("srecovery-loop", config.store.path)
+        self.checkpointer = Checkpointer(config.store.path)
         self.replays = requests.ReplayCache()
         self.operators = authorize.operators_from_system(
             config.auth.slurm_user, config.auth.operator_group
@@ -229,6 +231,7 @@ class Controller:
 
     async def start(self, app: web.Application) -> None:
         await self.ingest.run(self.ingest.store)  # opens (and migrates) the store
+        self.checkpointer.start()
         self.reconciler = await self.loop_worker.run(self._make_reconciler)
         assert self.node_listing is not None
         self.node_listing.start()
@@ -243,6 +246,7 @@ class Controller:
             self.node_listing.stop()
         self.ingest.pool.shutdown(wait=True)
         self.loop_worker.pool.shutdown(wait=True)
+        self.checkpointer.stop()
 
     async def _run_loop(self) -> None:
         interval = self.config.controller.loop_interval
@@ -551,6 +555,8 @@ class Controller:
             "last_pass": views.iso(last),
             "passes": r.passes if r else 0,
             "node_reads": self.node_listing.reads if self.node_listing else 0,
+            # pages in the store's WAL at the last checkpoint (store/checkpointer.py)
+            "wal_pages": self.checkpointer.last.wal_pages if self.checkpointer.last else None,
             "last_error": r.last_error if r else "starting",
             "auth": "off (development only)" if self.insecure else "munge",
             "modes": {  # the policy file's, with the operators' overrides (srecovery mode)

@@ -10,6 +10,7 @@ from .audit import (
     AuditVerification,
     verify_chain,
 )
+from .checkpointer import Checkpointer
 from .errors import (
     ConflictError,
     NotAStoreError,
@@ -36,7 +37,7 @@ from .records import (
     NodeState,
 )
 from .schema import LATEST_VERSION, MIGRATIONS, Migration, migrate
-from .store import DEFAULT_PATH, Store
+from .store import DEFAULT_PATH, Store, WalCheckpoint
 
 __all__ = [
     "ACTION_RESULTS",
@@ -54,6 +55,7 @@ __all__ = [
     "AuditProblem",
     "AuditRow",
     "AuditVerification",
+    "Checkpointer",
     "ConflictError",
     "Evidence",
     "EvidenceRecord",
@@ -72,6 +74,7 @@ __all__ = [
     "StoreOpenError",
     "StoreReadOnlyError",
     "UnknownRecordError",
+    "WalCheckpoint",
     "migrate",
     "relate",
     "verify_chain",

@@ -14,6 +14,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,16 @@ MILESTONE_ORDER = (
 ROUTINE_EVIDENCE = ("sidecar_status", "gpu_activity", "gpu_inventory", "progress")
 
 
+@dataclass(frozen=True)
+class WalCheckpoint:
+    """One checkpoint: pages in the WAL, how many of them are now in the database file, and
+    whether another checkpoint was running (then nothing was copied)."""
+
+    busy: bool
+    wal_pages: int
+    copied: int
+
+
 class Store:
     """Open with :meth:`Store.open`; use as a context manager or call :meth:`close`.
 
@@ -118,11 +129,18 @@ class Store:
         *,
         readonly: bool = False,
         busy_timeout_s: float = 5.0,
+        auto_checkpoint: bool = True,
     ) -> Store:
         """Open (creating and upgrading if needed) the store at ``path``.
 
         ``readonly=True`` opens an existing store for reading only (``srecovery`` does this
         while the controller writes); it never creates or upgrades the schema.
+
+        ``auto_checkpoint=False``: this connection's commits never copy the WAL back into the
+        database file. SQLite otherwise makes the commit that fills the WAL past 1,000 pages
+        do it, with an fsync of the database, and every request waiting on that commit waits
+        50 to 250 ms (docs/performance.md). Whoever opens a store so runs :meth:`checkpoint`
+        from another thread (the controller: :class:`~slurm_recovery.store.Checkpointer`).
         """
         path = Path(path)
         where = f"store {path}"
@@ -157,6 +175,8 @@ class Store:
                         "on a local filesystem"
                     )
                 conn.execute("PRAGMA synchronous = NORMAL")
+                if not auto_checkpoint:
+                    conn.execute("PRAGMA wal_autocheckpoint = 0")
                 migrate(conn, where=where)
         except sqlite3.Error as exc:
             conn.close()
@@ -197,6 +217,18 @@ class Store:
     def schema_version(self) -> int:
         with self._tx(write=False) as conn:
             return schema_version(conn)
+
+    def checkpoint(self) -> WalCheckpoint:
+        """Copy what the WAL holds into the database file, as far as readers allow, without
+        waiting for any reader or writer (SQLite's PASSIVE checkpoint)."""
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"store {self._path}: closed")
+        try:
+            busy, pages, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as exc:
+            raise wrap_sqlite_error(exc, self._path) from exc
+        return WalCheckpoint(busy=bool(busy), wal_pages=max(0, pages), copied=max(0, copied))
 
     # -------------------------------------------------------------- transactions
 

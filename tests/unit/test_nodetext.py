@@ -132,3 +132,29 @@ def test_a_line_read_before_is_not_parsed_again_and_unclear_ones_come_from_json(
     # a node gone from Slurm is gone from the listing; one the JSON no longer has, too
     assert lines.read(LINE_2411, lambda names: {}) == [first[1]]
     assert lines.read(ambiguous, lambda names: {}) == []
+
+
+def test_an_unchanged_listing_gives_the_same_nodes_without_asking_again():
+    lines = NodeLines()
+    text = "\n".join([LINE_2205, LINE_2411, ""])
+    first = lines.read(text, lambda names: {})
+    again = lines.read("".join(list(text)), lambda names: {})  # equal text, another object
+    assert again == first and all(a is b for a, b in zip(again, first, strict=True))
+    assert lines.parsed == 0
+    again.pop()  # each read returns its own list
+    assert lines.read(text, lambda names: {}) == first
+
+
+def test_a_listing_with_a_node_the_json_lacked_is_read_again():
+    lines = NodeLines()
+    ambiguous = LINE_2205.replace("NodeName=n1", "NodeName=n9") + " Comment=rack 4"
+    asked: list[set[str]] = []
+
+    def from_json(names):
+        asked.append(set(names))
+        return {}
+
+    text = "\n".join([LINE_2411, ambiguous])
+    assert [n.name for n in lines.read(text, from_json)] == ["n3"]
+    assert [n.name for n in lines.read(text, from_json)] == ["n3"]
+    assert asked == [{"n9"}, {"n9"}]  # not kept as a whole: n9 is looked for every time
