@@ -14,14 +14,12 @@ last read's error, as if it had read Slurm itself, and acts on nothing.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
 
+from slurm_recovery.controller.periodic import Periodic
 from slurm_recovery.scheduler import Node, SchedulerError, Unreachable
-
-log = logging.getLogger("srecovery.controller")
 
 
 class NodeListing:
@@ -44,8 +42,9 @@ class NodeListing:
         self._error: SchedulerError | None = None
         #: node -> (when, its record) read afresh by the loop since a listing began
         self._updates: dict[str, tuple[float, Node]] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = Periodic(
+            "srecovery-nodes", every, self.refresh, failed="reading Slurm's node listing failed"
+        )
         #: listings read so far (/healthz ``node_reads``)
         self.reads = 0
 
@@ -94,19 +93,7 @@ class NodeListing:
         raise Unreachable(f"Slurm's node listing is out of date ({age})")
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="srecovery-nodes", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            begun = self.clock()
-            try:
-                self.refresh()
-            except Exception:  # a bug here must not end the listing for good
-                log.exception("reading Slurm's node listing failed; retrying")
-            self._stop.wait(max(0.0, self.every - (self.clock() - begun)))
+        self._thread.stop()

@@ -29,6 +29,7 @@ from slurm_recovery.config import Config
 from slurm_recovery.contract import hostlist, requests
 from slurm_recovery.contract.wire import WireError, parse_batch
 from slurm_recovery.controller import audit_api, operator_api, read_api, views
+from slurm_recovery.controller.checkpointer import Checkpointer
 from slurm_recovery.controller.loop import Reconciler, StepDone
 from slurm_recovery.controller.metrics import Metrics
 from slurm_recovery.controller.nodelisting import NodeListing
@@ -36,7 +37,7 @@ from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import load_policy
 from slurm_recovery.scheduler import Node, Scheduler, SchedulerError, Unreachable, open_scheduler
 from slurm_recovery.signals.xid import load_xid_catalogue
-from slurm_recovery.store import Checkpointer, Evidence, Store, StoreError
+from slurm_recovery.store import Evidence, Store, StoreError
 from slurm_recovery.store.store import ROUTINE_EVIDENCE
 
 log = logging.getLogger("srecovery.controller")
@@ -555,7 +556,7 @@ class Controller:
             "last_pass": views.iso(last),
             "passes": r.passes if r else 0,
             "node_reads": self.node_listing.reads if self.node_listing else 0,
-            # pages in the store's WAL at the last checkpoint (store/checkpointer.py)
+            # pages in the store's WAL at the last checkpoint (controller/checkpointer.py)
             "wal_pages": self.checkpointer.last.wal_pages if self.checkpointer.last else None,
             "last_error": r.last_error if r else "starting",
             "auth": "off (development only)" if self.insecure else "munge",

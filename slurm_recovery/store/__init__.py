@@ -10,7 +10,6 @@ from .audit import (
     AuditVerification,
     verify_chain,
 )
-from .checkpointer import Checkpointer
 from .errors import (
     ConflictError,
     NotAStoreError,
@@ -55,7 +54,6 @@ __all__ = [
     "AuditProblem",
     "AuditRow",
     "AuditVerification",
-    "Checkpointer",
     "ConflictError",
     "Evidence",
     "EvidenceRecord",

@@ -140,7 +140,7 @@ class Store:
         database file. SQLite otherwise makes the commit that fills the WAL past 1,000 pages
         do it, with an fsync of the database, and every request waiting on that commit waits
         50 to 250 ms (docs/performance.md). Whoever opens a store so runs :meth:`checkpoint`
-        from another thread (the controller: :class:`~slurm_recovery.store.Checkpointer`).
+        from another thread (the controller: ``controller/checkpointer.py``).
         """
         path = Path(path)
         where = f"store {path}"

@@ -168,7 +168,7 @@ def test_act_fatal_xid_requeues_away_and_drains(stacks, submit, scheduler):
     with urllib.request.urlopen(f"{stack.url}/healthz", timeout=5) as resp:
         health = json.loads(resp.read())
     assert health["status"] == "ok" and health["modes"]["default"] == "act"
-    assert health["wal_pages"] >= 0  # the checkpointer has run (store/checkpointer.py)
+    assert health["wal_pages"] >= 0  # the checkpointer has run (controller/checkpointer.py)
     print(f"report -> running again: {elapsed:.2f}s; {incident['milestones']}")
 
 

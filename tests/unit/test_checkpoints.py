@@ -1,5 +1,5 @@
 """The controller's commits leave the WAL alone and a thread of its own checkpoints it
-(store/checkpointer.py): real SQLite files, real threads."""
+(controller/checkpointer.py): real SQLite files, real threads."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_recovery.store import Checkpointer, Evidence, Store
+from slurm_recovery.controller.checkpointer import Checkpointer
+from slurm_recovery.controller.periodic import Periodic
+from slurm_recovery.store import Evidence, Store
 
 #: one batch: about 1,300 pages of 4 KiB, more than SQLite's auto-checkpoint threshold (1,000)
 BIG = [Evidence("sidecar", "sidecar_status", 1.0, "n1", payload={"x": "y" * 40_000})] * 130
@@ -67,7 +69,7 @@ def test_the_checkpointer_copies_what_commits_leave(tmp_path: Path) -> None:
             assert evidence_in_file_alone(path, tmp_path / "a.db") == 390
         finally:
             checkpointer.stop()
-        assert checkpointer._thread is not None and not checkpointer._thread.is_alive()
+        assert not checkpointer.thread.alive
 
 
 def test_a_failing_checkpoint_is_logged_once_and_retried(
@@ -85,3 +87,26 @@ def test_a_failing_checkpoint_is_logged_once_and_retried(
     failed = [r for r in caplog.records if "failed" in r.getMessage()]
     assert len(failed) == 1 and "does not exist" in failed[0].getMessage()
     assert any("work again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_periodic_step_that_raises_is_logged_and_called_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls: list[int] = []
+    finished: list[bool] = []
+
+    def step() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+
+    thread = Periodic(
+        "test-periodic", 0.01, step, failed="the step failed", finish=lambda: finished.append(True)
+    )
+    with caplog.at_level(logging.ERROR, logger="srecovery.controller"):
+        thread.start()
+        wait_for(lambda: len(calls) >= 3)
+        thread.stop()
+    assert not thread.alive and finished == [True]
+    (record,) = [r for r in caplog.records if r.getMessage() == "the step failed"]
+    assert record.exc_info and "a bug" in str(record.exc_info[1])
