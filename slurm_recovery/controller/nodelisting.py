@@ -34,7 +34,6 @@ class NodeListing:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._read = read
-        self.every = every
         self.max_age = max_age
         self.clock = clock
         self._lock = threading.Lock()

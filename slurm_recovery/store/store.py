@@ -139,8 +139,9 @@ class Store:
         ``auto_checkpoint=False``: this connection's commits never copy the WAL back into the
         database file. SQLite otherwise makes the commit that fills the WAL past 1,000 pages
         do it, with an fsync of the database, and every request waiting on that commit waits
-        50 to 250 ms (docs/performance.md). Whoever opens a store so runs :meth:`checkpoint`
-        from another thread (the controller: ``controller/checkpointer.py``).
+        for it (11 to 15 ms on an idle disk here, longer under load). Whoever opens a store so
+        runs :meth:`checkpoint` from another thread (the controller:
+        ``controller/checkpointer.py``).
         """
         path = Path(path)
         where = f"store {path}"
