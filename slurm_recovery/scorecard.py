@@ -18,6 +18,7 @@ advice's action; it does not enter precision or recall.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -319,7 +320,9 @@ def score(
 
     Drains and job changes before ``since`` (the window's start) may agree with an advice near
     the start, but are not the window's own: they are not counted in recall, listed, or
-    reported as drains the tool never implicated."""
+    reported as drains the tool never implicated. Slurm and slurmdbd record these steps in whole
+    seconds, so the operators' side of the window starts at the whole second: a drain made just
+    after ``since`` but in the same second carries a time just before it."""
     if tolerance < 0:
         raise ValueError(f"tolerance must be >= 0, got {tolerance}")
     every = sorted(drains, key=lambda d: (d.at, d.node))
@@ -341,8 +344,10 @@ def score(
         )
         rows.append(AdviceRow(a, tuple(implications), changes, _job_agreement(a, changes)))
 
+    start = None if since is None else math.floor(since)
+
     def own(at: float) -> bool:
-        return since is None or at >= since
+        return start is None or at >= start
 
     counted = tuple(d for d in every if own(d.at))
     unmatched = tuple(d for n, d in enumerate(every) if n not in matched and own(d.at))
@@ -366,15 +371,31 @@ def _job_agreement(a: Advised, changes: Sequence[JobChange]) -> str:
 # ----------------------------------------------------------------- merging the sources
 
 
-def merge_drains(drains: Iterable[Drain], within: float = MERGE_WITHIN) -> list[Drain]:
+def merge_drains(
+    drains: Iterable[Drain],
+    within: float = MERGE_WITHIN,
+    resumes: Mapping[str, Sequence[float]] | None = None,
+) -> list[Drain]:
     """One drain per operator step: reports of the same node within ``within`` seconds of each
-    other, or with the same reason, are one drain. The exact time and user come from Slurm or
+    other, or with the same reason, are one drain, unless the node was resumed between them
+    (``resumes``: node -> times the controller saw it resumed): drained, resumed and drained
+    again is two steps, whatever the reasons. The exact time and user come from Slurm or
     accounting when they have them (the controller sees a change only at its next pass)."""
+    resumes = resumes or {}
+
+    def resumed_between(node: str, a: float, b: float) -> bool:
+        low, high = min(a, b), max(a, b)
+        return any(low < r < high for r in resumes.get(node, ()))
+
     out: list[Drain] = []
     for d in sorted(drains, key=lambda d: (d.node, _precision_rank(d), d.at)):
         for n, kept in enumerate(out):
             same_reason = bool(d.reason) and d.reason == kept.reason
-            if kept.node == d.node and (abs(kept.at - d.at) <= within or same_reason):
+            if (
+                kept.node == d.node
+                and (abs(kept.at - d.at) <= within or same_reason)
+                and not resumed_between(d.node, kept.at, d.at)
+            ):
                 out[n] = replace(
                     kept,
                     user=kept.user or d.user,
@@ -456,10 +477,21 @@ def _active(snapshot: Mapping[str, Any] | None, kind: str) -> bool:
     return kind != "crash"
 
 
-def from_observed(changes: Iterable[Mapping[str, Any]]) -> tuple[list[Drain], list[JobChange]]:
+@dataclass(frozen=True)
+class Observed:
+    """What the controller saw operators do, pass by pass."""
+
+    drains: list[Drain]
+    job_changes: list[JobChange]
+    #: node -> when the controller saw it resumed (what separates two drains of one node)
+    resumes: dict[str, list[float]]
+
+
+def from_observed(changes: Iterable[Mapping[str, Any]]) -> Observed:
     """The controller's ``slurm_change`` evidence (``/v1/history/slurm``) as operator steps."""
     drains: list[Drain] = []
     jobs: list[JobChange] = []
+    resumes: dict[str, list[float]] = {}
     for row in changes:
         payload = row.get("payload") or {}
         at = parse_time(row.get("observed_at"))
@@ -471,9 +503,11 @@ def from_observed(changes: Iterable[Mapping[str, Any]]) -> tuple[list[Drain], li
             drains.append(
                 Drain(str(payload["node"]), at, reason, drain_user(reason), ("observed",))
             )
+        elif change == "resumed" and payload.get("node"):
+            resumes.setdefault(str(payload["node"]), []).append(at)
         elif change in ("requeued", "cancelled") and payload.get("job_id"):
             jobs.append(JobChange(int(payload["job_id"]), at, change, None, ("observed",)))
-    return drains, jobs
+    return Observed(drains, jobs, resumes)
 
 
 def clock(at: float) -> str:

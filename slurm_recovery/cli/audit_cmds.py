@@ -419,9 +419,9 @@ def compare(ctx: click.Context, since: float, tolerance: str, as_json: bool) -> 
         if at is not None:
             tool.append(slurmfacts.ToolStep(action["step"], job, None if job else target, at))
     facts = slurmfacts.read(config.scheduler, reach, until, tool)
-    observed_drains, observed_jobs = scorecard.from_observed(history["changes"])
-    drains = scorecard.merge_drains([*observed_drains, *facts.drains])
-    jobs = scorecard.merge_job_changes([*observed_jobs, *facts.job_changes])
+    observed = scorecard.from_observed(history["changes"])
+    drains = scorecard.merge_drains([*observed.drains, *facts.drains], resumes=observed.resumes)
+    jobs = scorecard.merge_job_changes([*observed.job_changes, *facts.job_changes])
     advised = [a for item in incidents if (a := scorecard.advised_from_api(item))]
     card = scorecard.score(advised, drains, jobs, window, since=since)
     sources = {

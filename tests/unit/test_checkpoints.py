@@ -63,9 +63,13 @@ def test_the_checkpointer_copies_what_commits_leave(tmp_path: Path) -> None:
         try:
             for _ in range(3):
                 store.add_evidence(BIG)
-            wait_for(
-                lambda: (c := checkpointer.last) and c.wal_pages > 1_000 and c.copied == c.wal_pages
-            )
+            # a checkpoint under way now may have begun before the last commit; the one after it
+            # cannot have
+            under_way = checkpointer.last
+            wait_for(lambda: checkpointer.last is not under_way)
+            begun_before = checkpointer.last
+            done = wait_for(lambda: (c := checkpointer.last) is not begun_before and c)
+            assert not done.busy and done.copied == done.wal_pages
             assert evidence_in_file_alone(path, tmp_path / "a.db") == 390
         finally:
             checkpointer.stop()

@@ -59,6 +59,31 @@ def test_a_drain_just_before_the_window_agrees_but_is_not_the_windows_own():
     assert card.drains == () and card.differences() == []
 
 
+def test_a_drain_in_the_windows_first_second_is_its_own():
+    """Slurm's record of a drain 0.4 s after ``since`` says the whole second before it (CI: a
+    drain merged to Slurm's time dropped out of the window, ``operator_drains`` 1, not 2)."""
+    slurm = Drain("n2", 1000.0, "gpu dead", "root", ("slurm",))  # drained at 1000.7
+    seen = Drain("n2", 1001.2, "gpu dead", None, ("observed",))
+    card = score([], scorecard.merge_drains([seen, slurm]), since=1000.3)
+    assert [d.at for d in card.drains] == [1000.0]
+    requeued = JobChange(7, 1000.0, "requeued", None, ("slurm",))
+    assert score([], [], [requeued], since=1000.3).job_changes == (requeued,)
+    assert score([], [Drain("n2", 999.0)], since=1000.3).drains == ()
+
+
+def test_drained_resumed_and_drained_again_is_two_steps():
+    first = Drain("n2", 1000.0, "fan", None, ("observed",))
+    again = Drain("n2", 1100.0, "fan", "root", ("slurm",))
+    # without the resume seen, the same node and reason 100 s apart read as one step
+    assert scorecard.merge_drains([first, again]) == [
+        Drain("n2", 1100.0, "fan", "root", ("slurm", "observed"))
+    ]
+    two = scorecard.merge_drains([first, again], resumes={"n2": [1050.0], "n3": [1060.0]})
+    assert two == [first, again]
+    other_node = scorecard.merge_drains([first, again], resumes={"n3": [1050.0]})
+    assert len(other_node) == 1
+
+
 def test_nothing_to_score_is_not_a_number():
     card = score([], [])
     assert card.precision is None and card.recall is None
@@ -131,15 +156,16 @@ def test_inputs_from_the_api():
     assert a.at == datetime.fromisoformat("2026-11-29T10:00:01+00:00").timestamp()
     assert a.says() == "requeue job 9 excluding n2"
     assert scorecard.advised_from_api({**item, "advice": None}) is None
-    drains, jobs = scorecard.from_observed(
+    observed = scorecard.from_observed(
         [
             {"observed_at": 5.0, "payload": {"change": "drained", "node": "n1", "reason": "x"}},
             {"observed_at": 6.0, "payload": {"change": "resumed", "node": "n1"}},
             {"observed_at": 7.0, "payload": {"change": "requeued", "job_id": 4}},
         ]
     )
-    assert drains == [Drain("n1", 5.0, "x", None, ("observed",))]
-    assert jobs == [JobChange(4, 7.0, "requeued", None, ("observed",))]
+    assert observed.drains == [Drain("n1", 5.0, "x", None, ("observed",))]
+    assert observed.job_changes == [JobChange(4, 7.0, "requeued", None, ("observed",))]
+    assert observed.resumes == {"n1": [6.0]}
 
 
 events = st.lists(
