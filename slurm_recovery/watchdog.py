@@ -223,15 +223,20 @@ def read_heartbeat(spool: Path) -> dict[str, Any] | None:
     return beat
 
 
-def heartbeat_state(beat: dict[str, Any] | None, now: float) -> str:
-    """``never`` (no heartbeat), ``stale`` (older than STALE_INTERVALS sweeps, at least
-    STALE_MIN seconds) or ``ok``. Pure."""
-    if beat is None:
-        return "never"
-    interval = beat.get("interval")
+def stale_after(beat: dict[str, Any] | None) -> float:
+    """How old a heartbeat may grow before it is stale: STALE_INTERVALS of the sweep interval
+    it states, at least STALE_MIN seconds. Pure."""
+    interval = (beat or {}).get("interval")
     if type(interval) not in (int, float) or interval <= 0:
         interval = 0.0
-    return "stale" if now - float(beat["ts"]) > max(STALE_INTERVALS * interval, STALE_MIN) else "ok"
+    return max(STALE_INTERVALS * interval, STALE_MIN)
+
+
+def heartbeat_state(beat: dict[str, Any] | None, now: float) -> str:
+    """``never`` (no heartbeat), ``stale`` (older than :func:`stale_after`) or ``ok``. Pure."""
+    if beat is None:
+        return "never"
+    return "stale" if now - float(beat["ts"]) > stale_after(beat) else "ok"
 
 
 # --------------------------------------------------------------------------------- the sweep

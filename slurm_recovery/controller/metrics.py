@@ -1,10 +1,25 @@
-"""Prometheus metrics of the controller, on its own registry (served at ``/metrics``)."""
+"""Prometheus metrics of the controller, on its own registry (served at ``/metrics``).
+
+The alert rules (packaging/prometheus/srecovery-rules.yml) and the Grafana dashboard
+(packaging/grafana/) use these names; docs/monitoring.md lists them. Most are set by the loop
+and the ingest path as things happen; :class:`ReadAtScrape` reads the watchdog's heartbeat and
+the store's disk when Prometheus scrapes, so they are as fresh as the scrape even when the loop
+is stuck.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from slurm_recovery.decide.advise import NEEDS_OPERATOR_RULES
+from slurm_recovery.watchdog import read_heartbeat, stale_after
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 
@@ -74,11 +89,49 @@ class Metrics:
             ["rule"],
             registry=r,
         )
+        for rule in NEEDS_OPERATOR_RULES:  # each series from 0, so increase() sees the first
+            self.needs_operator.labels(rule)
         self.slurm_unreachable = Counter(
             "srecovery_slurm_unreachable",
             "Passes skipped because slurmctld did not answer",
             registry=r,
         )
+        self.slurm_unreachable_passes = Gauge(
+            "srecovery_slurm_unreachable_passes",
+            "Passes in a row that slurmctld did not answer (0 once one does)",
+            registry=r,
+        )
+        self.last_good_pass = Gauge(
+            "srecovery_last_good_pass_timestamp_seconds",
+            "When the last pass that read Slurm and the store without an error ended",
+            registry=r,
+        )
+        self.lemon_score = Gauge(
+            "srecovery_node_lemon_score",
+            "A node's repeat-offender score (nodes with a score above 0; docs/cli.md, Nodes)",
+            ["node"],
+            registry=r,
+        )
+        self.lemon_threshold = Gauge(
+            "srecovery_lemon_threshold", "The lemon score at which a node is a lemon", registry=r
+        )
+
+    def pass_done(self, error: str, now: float) -> None:
+        """After each pass: ``error`` is the reconciler's ``last_error`` ("" when none)."""
+        if error.startswith("slurmctld unreachable"):
+            self.slurm_unreachable.inc()
+            self.slurm_unreachable_passes.inc()
+            return
+        self.slurm_unreachable_passes.set(0)
+        if not error:
+            self.last_good_pass.set(now)
+
+    def lemons(self, scores: Mapping[str, float], threshold: float) -> None:
+        """Replace the per-node lemon scores (nodes no longer scored drop out)."""
+        self.lemon_score.clear()
+        for node, score in scores.items():
+            self.lemon_score.labels(node).set(score)
+        self.lemon_threshold.set(threshold)
 
     def incident_opened(self, fault_class: str, detection_seconds: float) -> None:
         self.incidents.labels(fault_class).inc()
@@ -92,3 +145,50 @@ class Metrics:
             self.action.observe(max(0.0, milestones["released"] - milestones["detected"]))
         if "failure" in milestones and "running_again" in milestones:
             self.end_to_end.observe(max(0.0, milestones["running_again"] - milestones["failure"]))
+
+
+class ReadAtScrape(Collector):
+    """Metrics read from files at each scrape: the watchdog's heartbeat (``spool``) and the
+    free space of the file system holding the store (``store``). A file that cannot be read
+    leaves its metric out (or, for the heartbeat, at 0: never seen) rather than failing the
+    scrape."""
+
+    def __init__(self, store: Path, spool: Path) -> None:
+        self.store = store
+        self.spool = spool
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        beat = read_heartbeat(self.spool)
+        yield GaugeMetricFamily(
+            "srecovery_watchdog_heartbeat_timestamp_seconds",
+            "When the watchdog last swept (0: no heartbeat in watchdog.spool_dir)",
+            value=float(beat["ts"]) if beat else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "srecovery_watchdog_heartbeat_stale_after_seconds",
+            "Age at which the heartbeat is stale (3 sweep intervals, at least 60 s)",
+            value=stale_after(beat),
+        )
+        try:
+            fs = os.statvfs(self.store.parent)
+        except OSError:
+            return
+        yield GaugeMetricFamily(
+            "srecovery_store_filesystem_free_bytes",
+            "Free space for the controller's user on the file system holding the store",
+            value=float(fs.f_bavail * fs.f_frsize),
+        )
+        yield GaugeMetricFamily(
+            "srecovery_store_filesystem_size_bytes",
+            "Size of the file system holding the store",
+            value=float(fs.f_blocks * fs.f_frsize),
+        )
+        size = 0
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):  # no WAL yet, or a file just renamed
+                size += Path(f"{self.store}{suffix}").stat().st_size
+        yield GaugeMetricFamily(
+            "srecovery_store_bytes",
+            "Size of the store (database, WAL and shared memory)",
+            value=float(size),
+        )

@@ -233,29 +233,10 @@ def nodes_view(
         names &= {only}
     if not names:
         return []
-    since = now - views.LEMON_WINDOW
-    implicated: dict[str, list[tuple[int, float, float]]] = {}
-    for node, incident, at, confidence in store.implicated_since(since):
-        implicated.setdefault(node, []).append((incident, at, confidence))
-    drains: dict[str, list[dict[str, Any]]] = {}
-    for action, incident, reason in store.node_drains(node=only):
-        drains.setdefault(action.target, []).append(
-            {
-                "at": views.iso(action.finished_at),
-                "incident": incident,
-                "reason": reason,
-                "action_id": action.id,
-            }
-        )
+    implicated, drains, fatal = lemon_inputs(store, catalogue, now, only)
     findings: dict[str, list[dict[str, Any]]] = {}
     for record in store.latest_findings(node=only):
         findings.setdefault(record.evidence.node or "", []).append(views.evidence_json(record))
-    fatal: dict[str, list[float]] = {}
-    for record in store.evidence_by_kinds(
-        FATAL_KINDS, node=only, any_node=True, since=since, limit=1_000_000
-    ):
-        if is_fatal_node_event(core_evidence(record), catalogue):
-            fatal.setdefault(record.evidence.node or "", []).append(record.evidence.observed_at)
     excluded = excluding_jobs(view)
     ordered = hostlist.expand(hostlist.compress(names)) if names else []
     return [
@@ -272,6 +253,54 @@ def nodes_view(
         )
         for name in ordered
     ]
+
+
+LemonInputs = tuple[
+    dict[str, list[tuple[int, float, float]]],  # node -> (incident, when, confidence)
+    dict[str, list[dict[str, Any]]],  # node -> drains by the tool (views.node_item's shape)
+    dict[str, list[float]],  # node -> times of fatal findings
+]
+
+
+def lemon_inputs(store: Store, catalogue: Any, now: float, only: str | None = None) -> LemonInputs:
+    """What the lemon score of every node (or only ``only``) is made of, read from the store:
+    the incidents that implicated it in the lemon window, the tool's drains of it, and its
+    fatal findings in the window."""
+    since = now - views.LEMON_WINDOW
+    implicated: dict[str, list[tuple[int, float, float]]] = {}
+    for node, incident, at, confidence in store.implicated_since(since):
+        if only is None or node == only:
+            implicated.setdefault(node, []).append((incident, at, confidence))
+    drains: dict[str, list[dict[str, Any]]] = {}
+    for action, incident, reason in store.node_drains(node=only):
+        drains.setdefault(action.target, []).append(
+            {
+                "at": views.iso(action.finished_at),
+                "incident": incident,
+                "reason": reason,
+                "action_id": action.id,
+            }
+        )
+    fatal: dict[str, list[float]] = {}
+    for record in store.evidence_by_kinds(
+        FATAL_KINDS, node=only, any_node=True, since=since, limit=1_000_000
+    ):
+        if is_fatal_node_event(core_evidence(record), catalogue):
+            fatal.setdefault(record.evidence.node or "", []).append(record.evidence.observed_at)
+    return implicated, drains, fatal
+
+
+def lemon_scores(store: Store, catalogue: Any, now: float) -> dict[str, float]:
+    """node -> lemon score, for the nodes whose score is above 0 (``/metrics``)."""
+    implicated, drains, fatal = lemon_inputs(store, catalogue, now)
+    scores = {}
+    for node in sorted(set(implicated) | set(drains) | set(fatal)):
+        score = views.node_lemon(
+            implicated.get(node, []), fatal.get(node, []), drains.get(node, []), now
+        )["score"]
+        if score > 0:
+            scores[node] = float(score)
+    return scores
 
 
 def node_detail(

@@ -31,7 +31,7 @@ from slurm_recovery.contract.wire import WireError, parse_batch
 from slurm_recovery.controller import audit_api, operator_api, read_api, views
 from slurm_recovery.controller.checkpointer import Checkpointer
 from slurm_recovery.controller.loop import Reconciler, StepDone
-from slurm_recovery.controller.metrics import Metrics
+from slurm_recovery.controller.metrics import Metrics, ReadAtScrape
 from slurm_recovery.controller.nodelisting import NodeListing
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import load_policy
@@ -59,6 +59,8 @@ ROUTINE_KINDS = frozenset(
 #: evidence wakes the loop: each pass reads the jobs (one RPC to slurmctld), and an XID
 #: storm must not become a squeue storm. The busy cadence (steps in flight) is the same.
 MIN_PASS_GAP = 0.1
+#: /metrics reads the per-node lemon scores from the store at most this often (seconds).
+LEMON_REFRESH = 30.0
 
 
 def wakes_the_loop(evidence: Evidence) -> bool:
@@ -207,6 +209,8 @@ class Controller:
         self._loop_task: asyncio.Task[None] | None = None
         self.started_at = time.time()
         self._next_prune = 0.0  # retention: the first pass prunes, then once an hour
+        self._lemons_due = 0.0  # /metrics: when the lemon scores are read again
+        self.metrics.registry.register(ReadAtScrape(config.store.path, config.watchdog.spool_dir))
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -299,8 +303,7 @@ class Controller:
         assert self.reconciler is not None
         self._prune()
         busy = self.reconciler.tick()
-        if self.reconciler.last_error:
-            self.metrics.slurm_unreachable.inc()
+        self.metrics.pass_done(self.reconciler.last_error, time.time())
         view = self.reconciler.last_view
         if view is not None:
             self.node_addresses = self.address_book.addresses(view.nodes, view.now)
@@ -568,10 +571,29 @@ class Controller:
         return web.json_response(body, status=200 if ok else 503)
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        await self._refresh_lemons()
         return web.Response(
             body=generate_latest(self.metrics.registry),
             headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
+
+    async def _refresh_lemons(self) -> None:
+        """The per-node lemon scores, read from the store at most every LEMON_REFRESH seconds
+        (several Prometheus servers scraping cost one read). A store that cannot be read keeps
+        the last scores: the scrape still answers."""
+        if time.monotonic() < self._lemons_due:
+            return
+        self._lemons_due = time.monotonic() + LEMON_REFRESH
+
+        def read() -> dict[str, float]:
+            return read_api.lemon_scores(self.ingest.store(), self.catalogue, time.time())
+
+        try:
+            scores = await self.ingest.run(read)
+        except StoreError as exc:
+            log.warning("lemon scores for /metrics not read: %s", exc)
+            return
+        self.metrics.lemons(scores, views.LEMON_THRESHOLD)
 
     def app(self) -> web.Application:
         app = web.Application(

@@ -681,11 +681,8 @@ def node_item(
             "reason": base["drain_reason"],
             "incident": tool_drain_incident(base["drain_reason"]),
         }
-    drain_times = [epoch(d["at"]) or 0.0 for d in drains]
     recent_ids = sorted({i for i, at, _ in implicated if now - at <= LEMON_WINDOW})
-    lemon = lemon_score(
-        [(at, confidence) for _, at, confidence in implicated], fatal_times, drain_times, now
-    )
+    lemon = node_lemon(implicated, fatal_times, drains, now)
     return {
         **base,
         "slurm": shown,
@@ -701,6 +698,21 @@ def node_item(
         },
         "lemon": lemon,
     }
+
+
+def node_lemon(
+    implicated: Sequence[tuple[int, float, float]],
+    fatal_times: Sequence[float],
+    drains: Sequence[Mapping[str, Any]],
+    now: float,
+) -> dict[str, Any]:
+    """:func:`lemon_score` of one node from what :func:`node_item` is given. Pure."""
+    return lemon_score(
+        [(at, confidence) for _, at, confidence in implicated],
+        fatal_times,
+        [epoch(d["at"]) or 0.0 for d in drains],
+        now,
+    )
 
 
 def excluded_by_tool(view: ClusterView) -> set[str]:

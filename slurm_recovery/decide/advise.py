@@ -50,6 +50,16 @@ from slurm_recovery.decide.model import (
 from slurm_recovery.decide.policy import NODE_CLASSES, ClassPolicy, Policy
 from slurm_recovery.scheduler.base import Job, Node
 
+#: The rules whose advice needs an operator (``Advice.needs_operator``); the metric
+#: ``srecovery_needs_operator_total`` has a series for each from the start.
+NEEDS_OPERATOR_RULES = ("blast_radius", "max_excluded_nodes", "job.required_nodes")
+
+
+def needs_operator_rule(advice: Advice) -> str:
+    """The one of NEEDS_OPERATOR_RULES that made ``advice`` need an operator: a drain refused
+    at the blast radius is ``blast_radius``, whichever rule chose the job's action."""
+    return advice.rule if advice.rule in NEEDS_OPERATOR_RULES else "blast_radius"
+
 
 def advise(
     incident: Incident,
