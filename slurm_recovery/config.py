@@ -100,6 +100,48 @@ class Retention(Duration):
         return cls(seconds)
 
 
+#: What LBNL NHC's drain reasons start with: ``controller.health_check_drain_prefixes``.
+DEFAULT_HEALTH_CHECK_PREFIXES = ("NHC:",)
+#: The tool's own drain reasons start with this (``srecovery:<incident>:``, ``srecovery-op:``).
+TOOL_REASON_START = "srecovery"
+#: Most prefixes, and the longest, ``controller.health_check_drain_prefixes`` takes.
+MAX_HEALTH_CHECK_PREFIXES = 32
+MAX_HEALTH_CHECK_PREFIX_CHARS = 64
+
+
+class DrainReasonPrefixes(tuple[str, ...], Checked):
+    """Drain-reason prefixes that mark a site health check's drain (``["NHC:"]``)."""
+
+    LABEL = "list of strings"
+
+    @classmethod
+    def check(cls, value: Any) -> Self:
+        example = 'e.g. ["NHC:", "healthcheck:"]'
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"must be a list of strings, {example}")
+        if len(value) > MAX_HEALTH_CHECK_PREFIXES:
+            raise ValueError(f"at most {MAX_HEALTH_CHECK_PREFIXES} prefixes, got {len(value)}")
+        for item in value:
+            if not isinstance(item, str):
+                raise ValueError(f"{item!r} is not a string: must be a list of strings, {example}")
+            if not item.strip():
+                raise ValueError(
+                    "an empty prefix would make every drain a health check's; remove it"
+                )
+            if len(item) > MAX_HEALTH_CHECK_PREFIX_CHARS:
+                raise ValueError(
+                    f"{item!r} is longer than {MAX_HEALTH_CHECK_PREFIX_CHARS} characters"
+                )
+            if any(ord(c) < 0x20 or ord(c) == 0x7F for c in item):
+                raise ValueError(f"{item!r} holds a control character (Slurm reasons have none)")
+            if item.startswith(TOOL_REASON_START) or TOOL_REASON_START.startswith(item.strip()):
+                raise ValueError(
+                    f"{item!r} would match slurm-recovery's own drain reasons "
+                    f"({TOOL_REASON_START}:<incident>:..., {TOOL_REASON_START}-op:...)"
+                )
+        return cls(value)
+
+
 _CLUSTER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 
@@ -394,6 +436,14 @@ class ControllerConfig(_Section):
             description="PEM private key of tls_cert; readable by the controller's user only."
         ),
     ] = OptionalPath.check("")
+    health_check_drain_prefixes: Annotated[
+        DrainReasonPrefixes,
+        msgspec.Meta(
+            description="Drain reasons starting with one of these mark a drain by the site's "
+            'health check (LBNL NHC\'s start with "NHC:"): evidence against the node, kept out '
+            "of the job's restarts while drained, never counted or resumed as the tool's."
+        ),
+    ] = DrainReasonPrefixes.check(list(DEFAULT_HEALTH_CHECK_PREFIXES))
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
@@ -582,6 +632,22 @@ class HooksConfig(_Section):
             "by the node name. Local disk."
         ),
     ] = _hook_default(JobDir, "hooks.job_dir")
+    nhc: Annotated[
+        OptionalPath,
+        msgspec.Meta(
+            description="The site's health check the prolog's health gate runs at each job "
+            'start (LBNL NHC: "/usr/sbin/nhc"); a failure refuses the node like a fatal GPU '
+            'finding (act mode only). "": not run. A path that is absent on a node is skipped '
+            "there, with a line in syslog."
+        ),
+    ] = _hook_default(OptionalPath, "hooks.nhc")
+    nhc_timeout: Annotated[
+        PositiveDuration,
+        msgspec.Meta(
+            description="How long the health gate lets hooks.nhc run; then it is killed and "
+            "the job starts (fails open)."
+        ),
+    ] = _hook_default(PositiveDuration, "hooks.nhc_timeout")
 
 
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

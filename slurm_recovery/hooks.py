@@ -494,22 +494,110 @@ def gate_decision(
     fatal = [dict(f) for f in health.get("fatal", [])]
     if not fatal:
         return False, "no open fatal finding", []
+    findings = "; ".join(_describe(f) for f in fatal[:4])
+    if len(fatal) > 4:
+        findings += f"; and {len(fatal) - 4} more"
+    problem = f"open fatal GPU findings: {findings}"
+    refuse, why = refusal_in_act_mode(config, partition, node, problem)
+    if refuse:
+        why = f"node {node} has {problem}"
+    return refuse, why, fatal
+
+
+def refusal_in_act_mode(
+    config: HookConfig, partition: str, node: str, problem: str
+) -> tuple[bool, str]:
+    """``(refuse, why)`` for ``node``, in which the gate found ``problem``: refuse only when
+    the policy puts ``partition`` in act mode; a policy that cannot be read fails open."""
     try:
         mode = policy_mode(config["controller.policy"], partition)
     except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return False, f"cannot read the policy ({first}): failing open", fatal
-    findings = "; ".join(_describe(f) for f in fatal[:4])
-    if len(fatal) > 4:
-        findings += f"; and {len(fatal) - 4} more"
+        return False, f"cannot read the policy ({first}): failing open"
     if mode != "act":
         return (
             False,
             f"partition {partition or '(default)'} is in {mode} mode; in act mode the gate "
-            f"would refuse node {node}: open fatal GPU findings: {findings}",
-            fatal,
+            f"would refuse node {node}: {problem}",
         )
-    return True, f"node {node} has open fatal GPU findings: {findings}", fatal
+    return True, f"node {node}: {problem}"
+
+
+#: Lines, and characters of each, of the site health check's output kept in ``job_start``.
+NHC_OUTPUT_LINES = 5
+NHC_LINE_CHARS = 200
+#: Most bytes of its output read; the rest is left unread (the check still runs to its end).
+NHC_OUTPUT_BYTES = 64 * 1024
+
+
+def run_nhc(path: str, timeout: float, env: Mapping[str, str]) -> dict[str, Any]:
+    """Run the site's health check (``hooks.nhc``, LBNL NHC) once with the prolog's environment,
+    within ``timeout`` seconds (then its whole process group is killed). Its record, as the
+    ``job_start`` event keeps it: ``verdict`` (``pass``: exit 0; ``fail``: another exit;
+    ``timeout``, ``absent``, ``error``: it gave no verdict, the gate fails open), ``exit_code``,
+    ``output`` (its first lines, stdout and stderr together), ``duration`` (s), ``path``, and
+    ``note`` when it gave no verdict."""
+    started = time.monotonic()
+    record: dict[str, Any] = {"path": path}
+    if not os.path.isfile(path):
+        return {**record, "verdict": "absent", "duration": 0.0, "note": f"no {path} on this node"}
+    import subprocess  # only a gate that runs the check pays for it
+
+    try:
+        proc = subprocess.Popen(
+            [path],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,  # its own process group: a timeout kills all of it
+        )
+    except OSError as exc:
+        return {
+            **record,
+            "verdict": "error",
+            "duration": round(time.monotonic() - started, 3),
+            "note": f"cannot run {path}: {exc.strerror or exc}",
+        }
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        verdict, note = ("pass" if proc.returncode == 0 else "fail"), ""
+    except subprocess.TimeoutExpired:
+        with suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            out, _ = proc.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:  # a child left its own group and holds the pipe
+            out = b""
+        verdict, note = "timeout", f"killed after {timeout:g}s"
+    record["verdict"] = verdict
+    record["exit_code"] = proc.returncode if verdict != "timeout" else None
+    text = out[:NHC_OUTPUT_BYTES].decode("utf-8", "replace")
+    record["output"] = [
+        line.strip()[:NHC_LINE_CHARS] for line in text.splitlines() if line.strip()
+    ][:NHC_OUTPUT_LINES]
+    record["duration"] = round(time.monotonic() - started, 3)
+    if note:
+        record["note"] = note
+    return record
+
+
+def nhc_gate(
+    config: HookConfig, node: str, partition: str, env: Mapping[str, str]
+) -> tuple[bool, str, dict[str, Any]]:
+    """The health gate's run of ``hooks.nhc``: ``(refuse, why, record)``. A failed check
+    refuses the node like a fatal GPU finding (act mode only); a check that is absent, hangs
+    or cannot start refuses nothing."""
+    record = run_nhc(config["hooks.nhc"], config["hooks.nhc_timeout"], env)
+    verdict = record["verdict"]
+    if verdict == "pass":
+        return False, "nhc passed", record
+    if verdict != "fail":
+        return False, f"nhc {verdict} ({record.get('note', '')}): failing open", record
+    said = f": {record['output'][0]}" if record["output"] else ""
+    problem = f"site health check {config['hooks.nhc']} failed (exit {record['exit_code']}){said}"
+    refuse, why = refusal_in_act_mode(config, partition, node, problem)
+    return refuse, why, record
 
 
 # --------------------------------------------------------------------------------- the controller
@@ -611,16 +699,27 @@ def _run_node(hook: str, config: HookConfig, env: Mapping[str, str], now: float)
     event = build_event(hook, env, now, node=node)
     refuse = False
     if hook == "prolog" and config["hooks.health_gate"]:
+        partition = env.get("SLURM_JOB_PARTITION", "")
         try:
-            refuse, why, fatal = gate_decision(
-                config, node, env.get("SLURM_JOB_PARTITION", ""), now
-            )
+            refuse, why, fatal = gate_decision(config, node, partition, now)
         except Exception as exc:  # fail open
             refuse, why, fatal = False, f"health gate failed ({exc}): failing open", []
-        if refuse:
-            event["payload"]["health_gate"] = {"refused": True, "reason": why, "fatal": fatal}
-        elif fatal or "failing open" in why:
+        if fatal or "failing open" in why:
             log(hook, f"job {event['job_id']} allowed on {node}: {why}")
+        nhc: dict[str, Any] | None = None
+        if config["hooks.nhc"] and not refuse:  # refused already: no need to wait for it
+            try:
+                refuse, why, nhc = nhc_gate(config, node, partition, env)
+            except Exception as exc:  # fail open
+                refuse, why = False, f"nhc failed to run ({exc}): failing open"
+                nhc = {"path": config["hooks.nhc"], "verdict": "error", "note": str(exc)}
+            if nhc["verdict"] != "pass" and not refuse:
+                log(hook, f"job {event['job_id']} allowed on {node}: {why}")
+        if refuse or nhc is not None:
+            gate: dict[str, Any] = {"refused": refuse, "reason": why, "fatal": fatal}
+            if nhc is not None:
+                gate["nhc"] = nhc
+            event["payload"]["health_gate"] = gate
     if hook == "prolog" and not refuse:  # before job_start: the sidecar finds it in place
         make_job_dir(config, env, node, event["job_id"])
     spool = config.sidecar_spool(node)

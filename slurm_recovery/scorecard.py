@@ -14,6 +14,12 @@ advice (either side: operators sometimes drain before the job has crashed). Then
 Either is ``None`` when its denominator is zero. What operators did with the advised job
 (requeued it, cancelled it, nothing) is reported next to each advice, and compared with the
 advice's action; it does not enter precision or recall.
+
+A drain by the site's health check (its reason starts with one of
+``controller.health_check_drain_prefixes``, "NHC:" by default) is neither the tool's nor an
+operator's: it is listed on its own and next to the implications of its node, and enters
+neither precision nor recall (the tool reads such drains as evidence, so counting them as
+agreement would be the tool agreeing with itself).
 """
 
 from __future__ import annotations
@@ -93,9 +99,13 @@ class Drain:
     reason: str = ""
     user: str | None = None
     sources: tuple[str, ...] = ()
+    #: by the site's health check (its reason's prefix), not by an operator
+    health_check: bool = False
 
     def words(self) -> str:
-        who = f" by {self.user}" if self.user else ""
+        who = " by the health check" if self.health_check else ""
+        who += f" ({self.user})" if self.user and self.health_check else ""
+        who = who or (f" by {self.user}" if self.user else "")
         why = f" ({self.reason})" if self.reason else ""
         return f"drained {self.node}{who} at {clock(self.at)}{why}"
 
@@ -123,6 +133,8 @@ class Implication:
     node: str
     how: str  # "drain" or "exclude"
     drains: tuple[Drain, ...] = ()
+    #: the site's health check drained the node near the advice (shown; not agreement)
+    health_checks: tuple[Drain, ...] = ()
 
     @property
     def agrees(self) -> bool:
@@ -152,6 +164,8 @@ class Scorecard:
     job_changes: tuple[JobChange, ...]
     #: operator drains no implication agrees with
     unmatched_drains: tuple[Drain, ...] = ()
+    #: drains by the site's health check in the window (in neither precision nor recall)
+    health_check_drains: tuple[Drain, ...] = ()
 
     @property
     def implications(self) -> list[Implication]:
@@ -186,6 +200,7 @@ class Scorecard:
             did += [c.words() for c in row.job_changes]
             why = [
                 f"{i.node} not drained by an operator within ±{span(self.tolerance)}"
+                + (" (drained by the health check)" if i.health_checks else "")
                 for i in row.implications
                 if not i.agrees
             ]
@@ -235,6 +250,7 @@ class Scorecard:
                 "implications_agreeing": agreeing,
                 "operator_drains": len(self.drains),
                 "operator_drains_matched": len(self.drains) - len(self.unmatched_drains),
+                "health_check_drains": len(self.health_check_drains),
                 "job_actions": self.job_agreement(),
             },
             "advice": [
@@ -253,6 +269,7 @@ class Scorecard:
                             "how": i.how,
                             "agrees": i.agrees,
                             "operator_drains": [drain_json(d) for d in i.drains],
+                            "health_check_drains": [drain_json(d) for d in i.health_checks],
                         }
                         for i in r.implications
                     ],
@@ -270,6 +287,7 @@ class Scorecard:
                     job_change_json(c) for c in self.job_changes if c.change == "cancelled"
                 ],
             },
+            "health_check_drains": [drain_json(d) for d in self.health_check_drains],
             "differences": self.differences(),
         }
 
@@ -277,6 +295,30 @@ class Scorecard:
 def is_tool_drain(reason: str) -> bool:
     """The drain reason is the controller's own (not an operator's, even through the tool)."""
     return TOOL_DRAIN.match(reason) is not None
+
+
+def is_health_check_drain(reason: object, prefixes: Iterable[str]) -> bool:
+    """The drain reason is the site health check's: it starts with one of ``prefixes``
+    (``controller.health_check_drain_prefixes``; leading blanks aside, case counts) and is not
+    the tool's own. Anything but a string is no health check's (fail open: a reason that cannot
+    be read changes nothing)."""
+    if (
+        not isinstance(reason, str)
+        or is_tool_drain(reason)
+        or reason.startswith(OPERATOR_DRAIN_PREFIX)
+    ):
+        return False
+    text = reason.lstrip()
+    return any(prefix.strip() and text.startswith(prefix) for prefix in prefixes)
+
+
+def mark_health_checks(drains: Iterable[Drain], prefixes: Iterable[str]) -> list[Drain]:
+    """``drains`` with those whose reason is a health check's marked ``health_check``."""
+    chosen = tuple(prefixes)
+    return [
+        replace(d, health_check=True) if is_health_check_drain(d.reason, chosen) else d
+        for d in drains
+    ]
 
 
 def drain_user(reason: str, user: str | None = None) -> str | None:
@@ -295,6 +337,7 @@ def drain_json(d: Drain) -> dict[str, Any]:
         "reason": d.reason,
         "user": d.user,
         "sources": list(d.sources),
+        "by": "health_check" if d.health_check else "operator",
     }
 
 
@@ -325,7 +368,9 @@ def score(
     after ``since`` but in the same second carries a time just before it."""
     if tolerance < 0:
         raise ValueError(f"tolerance must be >= 0, got {tolerance}")
-    every = sorted(drains, key=lambda d: (d.at, d.node))
+    given = sorted(drains, key=lambda d: (d.at, d.node))
+    every = [d for d in given if not d.health_check]
+    checks = [d for d in given if d.health_check]
     changes_all = sorted(job_changes, key=lambda c: (c.at, c.job_id, c.change))
     by_node: dict[str, list[tuple[int, Drain]]] = {}
     for n, d in enumerate(every):
@@ -338,7 +383,8 @@ def score(
             near = [(n, d) for n, d in by_node.get(node, ()) if abs(d.at - a.at) <= tolerance]
             matched.update(n for n, _ in near)
             how = "drain" if node in a.drain else "exclude"
-            implications.append(Implication(a, node, how, tuple(d for _, d in near)))
+            checked = tuple(d for d in checks if d.node == node and abs(d.at - a.at) <= tolerance)
+            implications.append(Implication(a, node, how, tuple(d for _, d in near), checked))
         changes = tuple(
             c for c in changes_all if c.job_id == a.job_id and abs(c.at - a.at) <= tolerance
         )
@@ -352,7 +398,12 @@ def score(
     counted = tuple(d for d in every if own(d.at))
     unmatched = tuple(d for n, d in enumerate(every) if n not in matched and own(d.at))
     return Scorecard(
-        tolerance, tuple(rows), counted, tuple(c for c in changes_all if own(c.at)), unmatched
+        tolerance,
+        tuple(rows),
+        counted,
+        tuple(c for c in changes_all if own(c.at)),
+        unmatched,
+        tuple(d for d in checks if own(d.at)),
     )
 
 
@@ -377,7 +428,8 @@ def merge_drains(
     resumes: Mapping[str, Sequence[float]] | None = None,
 ) -> list[Drain]:
     """One drain per operator step: reports of the same node within ``within`` seconds of each
-    other, or with the same reason, are one drain, unless the node was resumed between them
+    other, or with the same reason, are one drain (a health check's never one with an
+    operator's), unless the node was resumed between them
     (``resumes``: node -> times the controller saw it resumed): drained, resumed and drained
     again is two steps, whatever the reasons. The exact time and user come from Slurm or
     accounting when they have them (the controller sees a change only at its next pass)."""
@@ -393,6 +445,7 @@ def merge_drains(
             same_reason = bool(d.reason) and d.reason == kept.reason
             if (
                 kept.node == d.node
+                and kept.health_check == d.health_check
                 and (abs(kept.at - d.at) <= within or same_reason)
                 and not resumed_between(d.node, kept.at, d.at)
             ):
@@ -500,8 +553,10 @@ def from_observed(changes: Iterable[Mapping[str, Any]]) -> Observed:
         change = payload.get("change")
         if change in ("drained", "drain_reason_changed") and payload.get("node"):
             reason = str(payload.get("reason", ""))
+            by_check = payload.get("health_check") is True
+            user = None if by_check else drain_user(reason)
             drains.append(
-                Drain(str(payload["node"]), at, reason, drain_user(reason), ("observed",))
+                Drain(str(payload["node"]), at, reason, user, ("observed",), health_check=by_check)
             )
         elif change == "resumed" and payload.get("node"):
             resumes.setdefault(str(payload["node"]), []).append(at)

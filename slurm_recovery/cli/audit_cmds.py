@@ -420,7 +420,14 @@ def compare(ctx: click.Context, since: float, tolerance: str, as_json: bool) -> 
             tool.append(slurmfacts.ToolStep(action["step"], job, None if job else target, at))
     facts = slurmfacts.read(config.scheduler, reach, until, tool)
     observed = scorecard.from_observed(history["changes"])
-    drains = scorecard.merge_drains([*observed.drains, *facts.drains], resumes=observed.resumes)
+    # the controller's prefixes decide what its health check is (an older one sends none)
+    prefixes = history.get("health_check_drain_prefixes")
+    if not isinstance(prefixes, list):
+        prefixes = list(config.controller.health_check_drain_prefixes)
+    drains = scorecard.merge_drains(
+        scorecard.mark_health_checks([*observed.drains, *facts.drains], prefixes),
+        resumes=observed.resumes,
+    )
     jobs = scorecard.merge_job_changes([*observed.job_changes, *facts.job_changes])
     advised = [a for item in incidents if (a := scorecard.advised_from_api(item))]
     card = scorecard.score(advised, drains, jobs, window, since=since)
@@ -439,9 +446,11 @@ def compare(ctx: click.Context, since: float, tolerance: str, as_json: bool) -> 
         for group in body["operator_actions"].values():
             for item in group:
                 item["at"] = _iso(item["at"])
+        for item in body["health_check_drains"]:
+            item["at"] = _iso(item["at"])
         for row in body["advice"]:
             for node in row["nodes"]:
-                for d in node["operator_drains"]:
+                for d in [*node["operator_drains"], *node["health_check_drains"]]:
                     d["at"] = _iso(d["at"])
             for c in row["operator_job_actions"]:
                 c["at"] = _iso(c["at"])
@@ -485,6 +494,11 @@ def _print_scorecard(card: Any, since: float, until: float, sources: dict[str, s
         f"{agreement['operator_drains']} operator drains were of nodes the tool implicated "
         f"within ±{within})"
     )
+    if card.health_check_drains:
+        click.echo(
+            f"health-check drains: {agreement['health_check_drains']} (the site's health check, "
+            "neither the tool's nor an operator's: in neither precision nor recall)"
+        )
     jobs = agreement["job_actions"]
     click.echo(
         f"job actions: {jobs['agree']} agree, {jobs['differ']} differ, "
@@ -502,7 +516,7 @@ def _print_scorecard(card: Any, since: float, until: float, sources: dict[str, s
                     r.advised.mode,
                     r.advised.says(),
                     "; ".join(
-                        [d.words() for i in r.implications for d in i.drains]
+                        [d.words() for i in r.implications for d in (*i.drains, *i.health_checks)]
                         + [c.words() for c in r.job_changes]
                     )
                     or "nothing",

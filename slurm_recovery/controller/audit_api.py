@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -198,8 +198,11 @@ def slurm_history_json(
     since: float | None = None,
     until: float | None = None,
     observing_since: float | None = None,
+    health_check_drain_prefixes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """``GET /v1/history/slurm``: observed changes, the tool's own steps, the nodes."""
+    """``GET /v1/history/slurm``: observed changes, the tool's own steps, the nodes, and the
+    prefixes that mark a health check's drain here (``srecovery compare`` sorts drains by
+    them)."""
     changes = store.evidence_of_kind(SLURM_CHANGE, since=since, until=until, limit=MAX_CHANGES + 1)
     steps = store.actions_between(steps=TOOL_STEPS, since=since, until=until, limit=MAX_CHANGES + 1)
     incident_of: dict[int, int] = {}
@@ -224,6 +227,7 @@ def slurm_history_json(
         "truncated": len(changes) > MAX_CHANGES or len(steps) > MAX_CHANGES,
         "nodes": nodes_json(view),
         "nodes_seen_at": iso(view.now) if view else None,
+        "health_check_drain_prefixes": list(health_check_drain_prefixes),
     }
 
 
@@ -311,7 +315,12 @@ def routes(controller: Controller) -> list[web.RouteDef]:
 
         def fn(store: Store) -> Any:
             return slurm_history_json(
-                store, view, since=since, until=until, observing_since=controller.started_at
+                store,
+                view,
+                since=since,
+                until=until,
+                observing_since=controller.started_at,
+                health_check_drain_prefixes=controller.config.controller.health_check_drain_prefixes,
             )
 
         return await read(request, fn)

@@ -14,16 +14,17 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from slurm_recovery.config import DEFAULT_HEALTH_CHECK_PREFIXES
 from slurm_recovery.contract import hostlist
 from slurm_recovery.contract.spool import HookSpool
 from slurm_recovery.contract.wire import parse_event
 from slurm_recovery.controller.nodelisting import NodeListing
-from slurm_recovery.controller.observe import observe
+from slurm_recovery.controller.observe import HEALTH_CHECK_KIND, observe
 from slurm_recovery.decide.advise import advise, after_drains
 from slurm_recovery.decide.attribute import XID_REPEAT_WINDOW, attribute
 from slurm_recovery.decide.detect import detect
@@ -50,6 +51,7 @@ from slurm_recovery.decide.straggler import straggler_incidents
 from slurm_recovery.holdmark import hold_mark, parse_hold_mark
 from slurm_recovery.scheduler import Job, Node, Scheduler, SchedulerError, Unreachable
 from slurm_recovery.scheduler.base import UnsupportedOutput, sanitize_reason
+from slurm_recovery.scorecard import is_health_check_drain
 from slurm_recovery.signals.xid import XidCatalogue
 from slurm_recovery.store import (
     Advice,
@@ -83,6 +85,16 @@ def still_our_drain(node: Node, reason: str) -> bool:
     """The node is drained, with the reason the tool set (a resume, or a new drain by an
     admin for maintenance, ends the tool's drain)."""
     return node.drained and (not reason or node.reason == reason)
+
+
+def health_check_drained(nodes: Iterable[Node], prefixes: Sequence[str]) -> dict[str, str]:
+    """node -> reason, for the nodes Slurm shows drained by the site's health check (a reason
+    starting with one of ``prefixes``, ``controller.health_check_drain_prefixes``)."""
+    return {
+        node.name: node.reason
+        for node in nodes
+        if node.drained and is_health_check_drain(node.reason, prefixes)
+    }
 
 
 def core_evidence(record: EvidenceRecord) -> CoreEvidence:
@@ -232,9 +244,12 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         after_step: StepDone | None = None,
         node_listing: NodeListing | None = None,
+        health_check_prefixes: Sequence[str] = DEFAULT_HEALTH_CHECK_PREFIXES,
     ) -> None:
         """``node_listing``: where the passes take Slurm's nodes from (the service's, kept
-        fresh by its own thread); None: each pass reads them itself."""
+        fresh by its own thread); None: each pass reads them itself.
+        ``health_check_prefixes``: drain reasons that mark the site's health check's drains
+        (``controller.health_check_drain_prefixes``)."""
         self.store = store
         self.scheduler = scheduler
         #: the policy file's; ``policy`` is it with the mode overrides on top (each pass)
@@ -261,6 +276,8 @@ class Reconciler:
         self.last_view: ClusterView | None = None
         self.node_listing = node_listing
         self._sized: tuple[Mapping[str, Node] | None, Mapping[str, int]] = (None, {})
+        self.health_check_prefixes = tuple(health_check_prefixes)
+        self._checked: tuple[Mapping[str, Node] | None, Mapping[str, str]] = (None, {})
         self._evidence_window = EvidenceWindow()
         #: why this controller cannot trust its reading of this Slurm ("" when it can): set
         #: when its first read fails, and then every partition is in monitor mode for good
@@ -397,6 +414,13 @@ class Reconciler:
             nodes = self.node_listing.nodes()
         if nodes is not self._sized[0]:  # counted once per listing, not per incident
             self._sized = (nodes, partition_sizes(nodes.values()))
+        if nodes is not self._checked[0]:
+            try:
+                found = health_check_drained(nodes.values(), self.health_check_prefixes)
+            except Exception:  # fail open: no health-check drain is known this pass
+                log.exception("reading the health check's drains failed; going on without")
+                found = {}
+            self._checked = (nodes, MappingProxyType(found))
         drained = {
             s.name: s.drained_at or s.updated_at
             for s in self.store.list_nodes(drained_by_tool=True)
@@ -408,6 +432,7 @@ class Reconciler:
             nodes=nodes,
             drained_by_tool=drained,
             partition_sizes=self._sized[1],
+            health_check_drained=self._checked[1],
         )
 
     def _forget_undone_drains(self, view: ClusterView) -> None:
@@ -629,6 +654,15 @@ class Reconciler:
             previous_cause=previous_cause,
         )
         advised = self.clock()
+        # the health check's drains of the nodes excluded: the advice shows them as evidence
+        checked = {
+            ev.id
+            for ev in evidence
+            if ev.kind == HEALTH_CHECK_KIND
+            and ev.node in advice.exclude
+            and ev.node in view.health_check_drained
+        }
+        evidence_ids = sorted({*verdict.evidence_ids, *found.trigger_ids, *checked})
         details = {
             "mode": str(advice.mode),
             "rule": advice.rule,
@@ -653,7 +687,7 @@ class Reconciler:
                 decision=str(advice.action),
                 reason=advice.reason,
                 verdict=details,
-                evidence_ids=sorted({*verdict.evidence_ids, *found.trigger_ids}),
+                evidence_ids=evidence_ids,
                 created_at=advised,
             )
             self.store.add_milestone(incident.id, "advised", at=advised)
@@ -670,7 +704,7 @@ class Reconciler:
                     "mode": str(advice.mode),
                     "reason": advice.reason,
                     "rule": advice.rule,
-                    "evidence_ids": sorted({*verdict.evidence_ids, *found.trigger_ids}),
+                    "evidence_ids": evidence_ids,
                 },
                 ts=advised,
             )

@@ -7,10 +7,12 @@ observed at the pass's time, so within one loop interval of the change):
 
 - ``drained``: a node took the DRAIN flag with a reason that is not the controller's own
   (``srecovery:<incident>:...``; ``srecovery drain``'s ``srecovery-op:`` is an operator's)
-  [reason, state];
+  [reason, state, health_check (only when true)];
 - ``drain_reason_changed``: a drained node's reason changed to one that is not the tool's
-  (an operator took the drain over, or reworded it) [reason, previous_reason];
-- ``resumed``: a drained node was put back in service [previous_reason, was_tool_drain];
+  (an operator took the drain over, or reworded it) [reason, previous_reason,
+  health_check];
+- ``resumed``: a drained node was put back in service [previous_reason, was_tool_drain,
+  was_health_check (only when true)];
 - ``requeued``: a job's restart count went up, and the tool neither holds it (its hold mark)
   nor recorded a ``requeue_hold`` of it since the previous pass [restart_count,
   previous_restart_count, state, nodes];
@@ -19,6 +21,11 @@ observed at the pass's time, so within one loop interval of the change):
   [previous_state, nodes].
 
 The tool's own steps are not recorded here: the ``actions`` table has them, with their times.
+
+A drain (or new reason) by the site's health check (``health_check``: the view's
+``health_check_drained``, from ``controller.health_check_drain_prefixes``) also becomes one
+``health_check_drain`` row on the node [reason, state]: evidence against the node that the
+decision core reads (``decide.attribute``).
 
 It is cheap and bounded: two dictionary diffs per pass, one batch insert (normal durability,
 like all evidence) only when something changed, at most :data:`MAX_CHANGES_PER_PASS` rows (one
@@ -41,6 +48,8 @@ from slurm_recovery.store import Evidence, Store
 
 #: The evidence kind and source of what the controller saw change in Slurm.
 KIND = "slurm_change"
+#: The evidence kind of a drain by the site's health check (NHC), against its node.
+HEALTH_CHECK_KIND = "health_check_drain"
 SOURCE = "scheduler"
 #: Most rows one pass records; the rest are counted in one ``truncated`` row.
 MAX_CHANGES_PER_PASS = 500
@@ -74,10 +83,17 @@ def changes(view: ClusterView, previous: ClusterView | None) -> list[dict[str, A
         now, before = view.nodes[name], previous.nodes.get(name)
         if before is None or now is before:
             continue
+        checked = name in view.health_check_drained
         if now.drained and not before.drained:
             if not tool_drain(now.reason):
                 out.append(
-                    {"change": "drained", "node": name, "reason": now.reason, "state": now.state}
+                    {
+                        "change": "drained",
+                        "node": name,
+                        "reason": now.reason,
+                        "state": now.state,
+                        **({"health_check": True} if checked else {}),
+                    }
                 )
         elif now.drained and before.drained and now.reason != before.reason:
             if not tool_drain(now.reason):
@@ -87,6 +103,7 @@ def changes(view: ClusterView, previous: ClusterView | None) -> list[dict[str, A
                         "node": name,
                         "reason": now.reason,
                         "previous_reason": before.reason,
+                        **({"health_check": True} if checked else {}),
                     }
                 )
         elif before.drained and not now.drained:
@@ -96,6 +113,7 @@ def changes(view: ClusterView, previous: ClusterView | None) -> list[dict[str, A
                     "node": name,
                     "previous_reason": before.reason,
                     "was_tool_drain": tool_drain(before.reason),
+                    **({"was_health_check": True} if name in previous.health_check_drained else {}),
                     "state": now.state,
                 }
             )
@@ -157,6 +175,17 @@ def observe(store: Store, view: ClusterView, previous: ClusterView | None) -> No
             payload=change,
         )
         for change in kept
+    ]
+    rows += [
+        Evidence(
+            SOURCE,
+            HEALTH_CHECK_KIND,
+            view.now,
+            node=change["node"],
+            payload={"reason": change["reason"], "state": change.get("state", "")},
+        )
+        for change in kept
+        if change.get("health_check") is True
     ]
     if len(found) > len(kept):
         rows.append(

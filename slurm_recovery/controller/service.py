@@ -232,6 +232,7 @@ class Controller:
             metrics=self.metrics,
             after_step=self.after_step,
             node_listing=self.node_listing,
+            health_check_prefixes=self.config.controller.health_check_drain_prefixes,
         )
 
     async def start(self, app: web.Application) -> None:

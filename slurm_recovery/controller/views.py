@@ -160,7 +160,8 @@ def describe_evidence(e: Mapping[str, Any]) -> str:
         names = hostlist.compress(nodes) if isinstance(nodes, list) else (nodes or where)
         restart = p.get("restart_count")
         attempt = f" (attempt {restart})" if restart is not None else ""
-        return f"job {e.get('job_id') or ''} started on {names or '?'}{attempt}"
+        started = f"job {e.get('job_id') or ''} started on {names or '?'}{attempt}"
+        return started + gate_words(p.get("health_gate"), where)
     if kind == "progress":
         rank = f"rank {p['rank']} " if p.get("rank") is not None else ""
         return f"{rank}reached step {p.get('step')}{at} ({p.get('origin', '?')})"
@@ -172,11 +173,40 @@ def describe_evidence(e: Mapping[str, Any]) -> str:
         busy = "busy" if p.get("busy") else "idle"
         util = f" ({p['utilization']}%)" if p.get("utilization") is not None else ""
         return f"GPUs {busy}{util}{at}"
+    if kind == "health_check_drain":
+        return f"the site's health check drained {e.get('node') or '?'}: " + _one_line(
+            p.get("reason", "")
+        )
     if kind == "slurm_change":
         if p.get("incident") is not None:  # after one of the incident's steps: left as it is
             return f"Slurm: {_one_line(p.get('detail', ''))} (kept: the tool does not undo it)"
         return f"Slurm: {p.get('change', '?')}{at}"
     return f"{kind}{at}: {_one_line(dict(p), 160)}" if p else f"{kind}{at}"
+
+
+def gate_words(gate: Any, node: str) -> str:
+    """What the prolog's health gate recorded in a ``job_start`` (``"; health gate on n2:
+    refused ...; nhc fail, exit 1 in 0.21 s: NHC: ..."``), or "" when nothing (or nothing
+    readable) was recorded."""
+    if not isinstance(gate, Mapping):
+        return ""
+    parts = []
+    if gate.get("refused") is True:
+        parts.append(f"refused the node: {_one_line(gate.get('reason', ''), 160)}")
+    nhc = gate.get("nhc")
+    if isinstance(nhc, Mapping):
+        words = f"nhc {nhc.get('verdict', '?')}"
+        if isinstance(nhc.get("exit_code"), int):
+            words += f", exit {nhc['exit_code']}"
+        if isinstance(nhc.get("duration"), int | float):
+            words += f" in {nhc['duration']:.2f} s"
+        lines = nhc.get("output")
+        if isinstance(lines, list) and lines:
+            words += f": {_one_line(' | '.join(str(line) for line in lines[:3]), 160)}"
+        elif nhc.get("note"):
+            words += f" ({_one_line(nhc['note'], 160)})"
+        parts.append(words)
+    return f"; health gate on {node or '?'}: " + "; ".join(parts) if parts else ""
 
 
 # --------------------------------------------------------------- an incident, as a story

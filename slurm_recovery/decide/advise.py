@@ -18,7 +18,9 @@ the one that decided):
 4. ``max_excluded_nodes``: excluding the implicated nodes would leave the job with more excluded
    nodes than allowed -> stop, needs an operator.
 5. ``classes.<class>.action``: requeue excluding the implicated nodes (``requeue_exclude``), or
-   requeue anywhere (``requeue``; also ``requeue_exclude`` when no node is implicated).
+   requeue anywhere (``requeue``; also ``requeue_exclude`` when no node is implicated). Either
+   way the job's nodes the site's health check has drained (``ClusterView.health_check_drained``)
+   are excluded too, within ``max_excluded_nodes`` (:func:`health_check_held_out`).
 
 Independently of the job's fate, the implicated nodes are drained when the class's policy says so
 and the verdict is confident enough, within the blast radius (``blast_radius``: drains by the
@@ -141,6 +143,7 @@ def advise(
         restart = f"(restart {restarts_so_far + 1} of {policy.max_restarts})"
         repaired = repaired_exclusions(tool_excluded & job.excluded_nodes, view)
         merged = (tool_excluded & job.excluded_nodes) - repaired | wanted
+        held_out = health_check_held_out(job, view, merged, policy)
         if wanted & job.required_nodes:
             action, rule, needs_operator = Action.STOP, "job.required_nodes", True
             what = (
@@ -155,11 +158,14 @@ def advise(
                 f"job with {len(merged)} excluded nodes ({compress(merged)}; "
                 f"max_excluded_nodes = {policy.max_excluded_nodes})"
             )
-        elif wanted:
-            action, rule, exclude = Action.REQUEUE_EXCLUDE, class_rule, wanted
-            what = f"{cause}: requeue excluding {compress(wanted)} {restart}"
-            if repaired - wanted:
-                unexclude = repaired - wanted
+        elif wanted or held_out:
+            exclude = wanted | held_out
+            action, rule = Action.REQUEUE_EXCLUDE, class_rule
+            what = f"{cause}: requeue excluding {compress(exclude)} {restart}"
+            if held_out:
+                what += f" ({compress(held_out)}: drained by the site's health check)"
+            if repaired - exclude:
+                unexclude = repaired - exclude
                 what += f" (no longer excluding {compress(unexclude)}: back in service)"
         else:
             action, rule = Action.REQUEUE, class_rule
@@ -316,6 +322,24 @@ def _over_cap(
                 f"max_percent = {radius.max_percent:g})"
             )
     return ""
+
+
+def health_check_held_out(
+    job: Job, view: ClusterView, excluded: frozenset[str], policy: Policy
+) -> frozenset[str]:
+    """The job's nodes Slurm shows drained by the site's health check, kept out of its
+    restart while they stay drained: not excluded already, not required (``--nodelist``: the
+    job waits for them), and only as far as ``max_excluded_nodes`` leaves room (drained, they
+    take no job anyway: never a reason to stop one)."""
+    candidates = sorted(
+        name
+        for name in job.nodes
+        if name in view.health_check_drained
+        and name not in excluded
+        and name not in job.required_nodes
+    )
+    room = max(0, policy.max_excluded_nodes - len(excluded))
+    return frozenset(candidates[:room])
 
 
 def repaired_exclusions(excluded: frozenset[str], view: ClusterView) -> frozenset[str]:

@@ -23,10 +23,16 @@ the node it implicates (if any). The verdict is the first tier that has findings
    XID (0.8). Never implicates a node;
 4. weak hardware: a hardware log signature blaming a node (0.8), a non-fatal hardware XID (0.6),
    a hardware log signature naming no node (0.5, no node implicated);
-5. weak system: the same for system evidence (0.6, 0.5, 0.5), and a node Slurm shows down
-   while the job failed some other way (0.6);
+5. weak system: the same for system evidence (0.6, 0.5, 0.5), a node Slurm shows down
+   while the job failed some other way (0.6), and the site's health check (NHC) against a node:
+   a drain with its reason (``health_check_drain``), or its failure in the prolog's health gate
+   at this attempt's start (``job_start``'s ``health_gate.nhc``) (0.7);
 6. unknown: nothing above (confidence 0); the cause says what little is known (an exit code in
    ``do_not_requeue_exit_codes``, an XID the catalogue does not list).
+
+Why a health check is weak evidence: the site's check took the node out, so it explains a
+failure nothing stronger explains, but it can fail for reasons that never touched this job (a
+full /tmp, a mount the job did not use): the job's own log naming an application error wins.
 
 Why decisive node evidence beats application evidence: a GPU that fell off the bus makes the
 application crash too, and its log then shows an application error. Why application evidence
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from slurm_recovery.contract.hostlist import compress
 from slurm_recovery.decide.cleared import cleared_ids
@@ -74,6 +81,7 @@ WEAK_SYSTEM_XID = 0.5
 UNNAMED_NODE_LOG = 0.5  # a hardware/system log line that names no node of the job
 STRAGGLER_SLOWDOWN = 0.7  # a straggler's node with a throttling / link-downgrade finding
 STRAGGLER_LAG = 0.6  # a straggler's node whose rank's own step time lags the others'
+HEALTH_CHECK = 0.7  # the site's health check (NHC) drained the node, or failed it at job start
 
 #: Slurm job states meaning Slurm itself lost a node of the job.
 NODE_LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
@@ -320,6 +328,18 @@ def _finding(
         return _Finding(FaultClass.HARDWARE, True, OPERATOR_REPORT, text, ev.id, ev.node, ev.gpu)
     if ev.kind in NODE_FINDING_KINDS:
         return _sidecar_finding(ev, on_node, where)
+    if ev.kind == "health_check_drain":
+        if not on_node:
+            return None
+        reason = _one_line(str(ev.payload.get("reason", "")))
+        text = f"the site's health check drained {ev.node}" + (f" ({reason})" if reason else "")
+        return _Finding(FaultClass.SYSTEM, False, HEALTH_CHECK, text, ev.id, ev.node)
+    if ev.kind == "job_start":
+        failed = nhc_failure(ev.payload)
+        if not (on_node and mine and failed):
+            return None
+        text = f"the site's health check failed on {ev.node} at the job's start ({failed})"
+        return _Finding(FaultClass.SYSTEM, False, HEALTH_CHECK, text, ev.id, ev.node)
     if ev.kind == "node_state":
         if not on_node:
             return None
@@ -337,6 +357,21 @@ def _finding(
             FaultClass.SYSTEM, lost, NODE_LOST if lost else NODE_DOWN, text, ev.id, ev.node
         )
     return None  # log_signature: judged together (_log_findings)
+
+
+def nhc_failure(payload: Mapping[str, Any]) -> str:
+    """What the prolog's health gate recorded of a failed site health check (``nhc``) in a
+    ``job_start`` payload: ``"exit 1: NHC: check_fs_mount: /scratch not mounted"``, or ""
+    when it passed, did not run or the record is malformed (fail open)."""
+    gate = payload.get("health_gate")
+    nhc = gate.get("nhc") if isinstance(gate, Mapping) else None
+    if not isinstance(nhc, Mapping) or nhc.get("verdict") != "fail":
+        return ""
+    code = nhc.get("exit_code")
+    lines = nhc.get("output")
+    first = lines[0] if isinstance(lines, list) and lines and isinstance(lines[0], str) else ""
+    said = f"exit {code}" if isinstance(code, int) and not isinstance(code, bool) else "failed"
+    return said + (f": {_one_line(first)}" if first else "")
 
 
 def _sidecar_finding(ev: Evidence, on_node: bool, where: str) -> _Finding | None:

@@ -61,6 +61,9 @@ class Evidence:
     - ``node_state``: what Slurm showed for ``node`` (source ``scheduler``) [state: str,
       flags: list[str], reason: str]; a DOWN/FAIL/NOT_RESPONDING node of a job that ended
       NODE_FAIL is implicated by it (without it, no node is: nodes need evidence)
+    - ``health_check_drain``: the site's health check (NHC) drained ``node`` (source
+      ``scheduler``, recorded by the controller when Slurm shows it) [reason: str, state: str];
+      weak system evidence against the node, never a reason to stop a running job
     Unknown kinds are kept and ignored by the core.
     """
 
@@ -86,6 +89,9 @@ class ClusterView:
     #: nodes per partition (the blast radius's percentages); None: counted from ``nodes``
     #: when needed. The loop counts once per node listing, not once per incident.
     partition_sizes: Mapping[str, int] | None = None
+    #: node -> its reason, for the nodes Slurm shows drained by the site's health check
+    #: (``controller.health_check_drain_prefixes``): kept out of a job's restarts while drained
+    health_check_drained: Mapping[str, str] = field(default_factory=dict)
 
 
 def by_job(evidence: Iterable[Evidence]) -> dict[int, list[Evidence]]:
