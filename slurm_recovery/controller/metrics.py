@@ -21,6 +21,9 @@ from prometheus_client.registry import Collector
 from slurm_recovery.decide.advise import NEEDS_OPERATOR_RULES
 from slurm_recovery.watchdog import read_heartbeat, stale_after
 
+#: The refusals of evidence, each a series from 0 (so that rate() sees the first): 400 malformed,
+#: 401 credentials, 403 role, 429 queue full, 503 store or munged unavailable.
+REJECT_STATUSES = ("400", "401", "403", "429", "503")
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -77,6 +80,8 @@ class Metrics:
             ["status"],
             registry=r,
         )
+        for status in REJECT_STATUSES:
+            self.ingest_rejects.labels(status)
         self.ingest_latency = Histogram(
             "srecovery_ingest_seconds",
             "Time to verify and store one evidence batch",

@@ -106,11 +106,13 @@ def test_pass_streaks_and_the_last_good_pass() -> None:
     assert sample(text(), "srecovery_last_good_pass_timestamp_seconds") == 104.0
 
 
-def test_needs_operator_series_start_at_zero_and_lemons_are_replaced() -> None:
+def test_needs_operator_and_reject_series_start_at_zero_and_lemons_are_replaced() -> None:
     metrics = Metrics()
     text = generate_latest(metrics.registry).decode()
     for rule in ("blast_radius", "max_excluded_nodes", "job.required_nodes"):
         assert sample(text, f'srecovery_needs_operator_total{{rule="{rule}"}}') == 0
+    for status in ("400", "401", "403", "429", "503"):
+        assert sample(text, f'srecovery_ingest_rejects_total{{status="{status}"}}') == 0
     metrics.lemons({"n3": 2.5, "n4": 0.25}, 2.0)
     metrics.lemons({"n4": 0.5}, 2.0)
     text = generate_latest(metrics.registry).decode()
