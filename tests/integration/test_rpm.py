@@ -136,6 +136,8 @@ def test_controller_and_sidecar(rpms: dict[str, Path]) -> None:
         "/usr/lib/systemd/system/srecovery-controller.service",
         "/usr/lib/systemd/system/srecovery-watchdog.service",
         "/var/lib/slurm-recovery",
+        "/usr/share/slurm-recovery/prometheus/srecovery-rules.yml",
+        "/usr/share/slurm-recovery/grafana/srecovery-dashboard.json",
     ):
         assert path in files, path
     qf = "[%{FILEMODES:perms} %{FILEUSERNAME}:%{FILEGROUPNAME} %{FILENAMES}\n]"
