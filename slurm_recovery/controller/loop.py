@@ -25,7 +25,7 @@ from slurm_recovery.contract.spool import HookSpool
 from slurm_recovery.contract.wire import parse_event
 from slurm_recovery.controller.nodelisting import NodeListing
 from slurm_recovery.controller.observe import HEALTH_CHECK_KIND, observe
-from slurm_recovery.decide.advise import advise, after_drains
+from slurm_recovery.decide.advise import advise, after_drains, needs_operator_rule
 from slurm_recovery.decide.attribute import XID_REPEAT_WINDOW, attribute
 from slurm_recovery.decide.detect import detect
 from slurm_recovery.decide.hang import hang_incidents
@@ -729,7 +729,7 @@ class Reconciler:
         if self.metrics:
             self.metrics.incident_opened(str(verdict.fault_class), now - found.failed_at)
             if advice.needs_operator:
-                self.metrics.needs_operator.labels(advice.rule).inc()
+                self.metrics.needs_operator.labels(needs_operator_rule(advice)).inc()
         return advice.drain if advice.mode is Mode.ACT else frozenset()
 
     def _cause_of(self, incident: Incident) -> str | None:

@@ -126,24 +126,19 @@ def _health(stack: Stack) -> dict:
 # --- (g) the blast radius: an XID storm from half a partition ---------------------------------
 
 
-@pytest.mark.timeout(240)
-def test_xid_storm_from_half_the_partition_stops_draining_at_the_cap(
-    stacks, submit, scheduler, local_cluster
-):
-    """4 nodes, the cap at 25 % (one node): fatal XIDs from n-half of them, 200 per node within
-    a minute, each on a node running a job. One node is drained; the other is excluded from its
-    job's restart but not drained, and the advice says "needs operator"; the operator is told
-    by a log line, a metric and `srecovery status`."""
+def capped_stack(stacks) -> Stack:
+    """An act-mode controller whose blast radius is one node of the cluster's four (25 %)."""
     stack = stacks("act", start=False)
     (stack.base / "policy.toml").write_text(
         'mode = "act"\n[blast_radius]\nmax_nodes = 4\nmax_percent = 25.0\nwindow = "1h"\n'
     )
     stack.start()
-    jobs = [submit("-N1", "--exclusive", "--wrap=sleep 600") for _ in range(2)]
-    nodes = [wait_for(lambda j=j: running(scheduler, j)).nodes[0] for j in jobs]
-    assert len(set(nodes)) == 2
-    started = time.time()
-    for _ in range(4):  # 4 batches of 50 XIDs per node, over ~2 s
+    return stack
+
+
+def xid_storm(stack: Stack, nodes: list[str]) -> None:
+    """Fatal XIDs from each of ``nodes``: 4 batches of 50 per node, over about 2 s."""
+    for _ in range(4):
         stack.client.post_evidence(
             [
                 event_to_json("xid", time.time(), node=node, gpu=i % 8, payload=FALLEN_OFF)
@@ -153,6 +148,22 @@ def test_xid_storm_from_half_the_partition_stops_draining_at_the_cap(
             role="operator",
         )
         time.sleep(0.5)
+
+
+@pytest.mark.timeout(240)
+def test_xid_storm_from_half_the_partition_stops_draining_at_the_cap(
+    stacks, submit, scheduler, local_cluster
+):
+    """4 nodes, the cap at 25 % (one node): fatal XIDs from n-half of them, 200 per node within
+    a minute, each on a node running a job. One node is drained; the other is excluded from its
+    job's restart but not drained, and the advice says "needs operator"; the operator is told
+    by a log line, a metric and `srecovery status`."""
+    stack = capped_stack(stacks)
+    jobs = [submit("-N1", "--exclusive", "--wrap=sleep 600") for _ in range(2)]
+    nodes = [wait_for(lambda j=j: running(scheduler, j)).nodes[0] for j in jobs]
+    assert len(set(nodes)) == 2
+    started = time.time()
+    xid_storm(stack, nodes)
     assert time.time() - started < 60
 
     def settled() -> list[dict]:  # every incident closed, the jobs running again

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurm_recovery.contract.wire import event_to_json
 from tests.conftest import _free_port_block, wait_for
 from tests.integration import test_controller
-from tests.integration.test_controller import FALLEN_OFF, running
+from tests.integration.test_controller import running
+from tests.integration.test_faults import capped_stack, xid_storm
 
 pytestmark = pytest.mark.cluster
 
@@ -156,11 +156,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
 def test_an_xid_storm_past_the_blast_radius_fires_in_alertmanager(
     stacks, submit, scheduler, monitoring
 ):
-    stack = stacks("act", start=False)
-    (stack.base / "policy.toml").write_text(  # 4 nodes, 25 %: one drain, then the cap
-        'mode = "act"\n[blast_radius]\nmax_nodes = 4\nmax_percent = 25.0\nwindow = "1h"\n'
-    )
-    stack.start()
+    stack = capped_stack(stacks)  # 4 nodes, 25 %: one drain, then the cap
     mon = monitoring(stack.url.removeprefix("http://"))
     # scraped, with the needs-operator series at 0 before anything happens
     wait_for(lambda: mon.query('srecovery_needs_operator_total{rule="blast_radius"} == 0'))
@@ -171,16 +167,7 @@ def test_an_xid_storm_past_the_blast_radius_fires_in_alertmanager(
 
     jobs = [submit("-N1", "--exclusive", "--wrap=sleep 600") for _ in range(2)]
     nodes = [wait_for(lambda j=j: running(scheduler, j)).nodes[0] for j in jobs]
-    for _ in range(4):  # fatal XIDs from both nodes, 200 each within seconds
-        stack.client.post_evidence(
-            [
-                event_to_json("xid", time.time(), node=node, gpu=i % 8, payload=FALLEN_OFF)
-                for node in nodes
-                for i in range(50)
-            ],
-            role="operator",
-        )
-        time.sleep(0.5)
+    xid_storm(stack, nodes)
 
     def firing() -> dict[str, dict]:
         found = {a["labels"]["alertname"]: a for a in mon.alerts()}

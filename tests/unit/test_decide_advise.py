@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from slurm_recovery.decide.advise import advise, after_drains
+from slurm_recovery.decide.advise import advise, after_drains, needs_operator_rule
 from slurm_recovery.decide.model import (
     Action,
     ClusterView,
@@ -271,6 +271,18 @@ def test_drains_past_max_nodes_are_dropped_and_need_an_operator():
         "; not draining n2: blast radius reached (4 drained by the tool in the last 1h; "
         "max_nodes = 4), needs operator"
     )
+
+
+def test_the_needs_operator_metric_names_the_blast_radius_whatever_stopped_the_job():
+    """A drain refused at the cap needs an operator even when another rule (here the restart
+    limit) chose the action: srecovery_needs_operator_total counts it as ``blast_radius``."""
+    by_tool = {f"n{i}": NOW - 60 for i in range(10, 14)}
+    view = cluster(drained=by_tool, by_tool=by_tool)
+    advice = decide(hardware("n2"), view=view, restarts=WIDE.max_restarts)
+    assert advice.rule == "max_restarts" and advice.needs_operator
+    assert needs_operator_rule(advice) == "blast_radius"
+    capped = decide(hardware("n2"), view=view)
+    assert needs_operator_rule(capped) == capped.rule == "blast_radius"
 
 
 def test_drains_older_than_the_window_do_not_count():
