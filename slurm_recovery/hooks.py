@@ -582,6 +582,12 @@ def run_nhc(path: str, timeout: float, env: Mapping[str, str]) -> dict[str, Any]
     return record
 
 
+def failure_line(output: list[str]) -> str:
+    """The line of a failed check's output that says why: the first with ``ERROR`` in it (NHC
+    writes ``ERROR:  nhc:  Health check failed: ...``), else the last (a banner comes first)."""
+    return next((line for line in output if "ERROR" in line.upper()), output[-1])
+
+
 def nhc_gate(
     config: HookConfig, node: str, partition: str, env: Mapping[str, str]
 ) -> tuple[bool, str, dict[str, Any]]:
@@ -594,7 +600,7 @@ def nhc_gate(
         return False, "nhc passed", record
     if verdict != "fail":
         return False, f"nhc {verdict} ({record.get('note', '')}): failing open", record
-    said = f": {record['output'][0]}" if record["output"] else ""
+    said = f": {failure_line(record['output'])}" if record["output"] else ""
     problem = f"site health check {config['hooks.nhc']} failed (exit {record['exit_code']}){said}"
     refuse, why = refusal_in_act_mode(config, partition, node, problem)
     return refuse, why, record

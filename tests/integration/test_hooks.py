@@ -76,6 +76,12 @@ class HookCluster:
         gate = f"health_gate = {'true' if on else 'false'}\n"
         self.config.write_text(text.replace("\n[hooks]\n", f"\n[hooks]\n{gate}", 1))
 
+    def set_nhc(self, path: str, timeout: str = "30s") -> None:
+        """hooks.nhc and hooks.nhc_timeout ("" leaves the site's check off)."""
+        text = re.sub(r"(?m)^nhc(_timeout)? = .*\n", "", self.config.read_text())
+        keys = f'nhc = "{path}"\nnhc_timeout = "{timeout}"\n'
+        self.config.write_text(text.replace("\n[hooks]\n", f"\n[hooks]\n{keys}", 1))
+
     def write_health(self, node: str, fatal: list[dict]) -> Path:
         path = self.base / "spool" / node / hooks.HEALTH_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -263,6 +269,94 @@ def test_health_gate_refuses_a_node_with_a_fatal_finding(cluster):
         cluster.set_gate(False)
         devstack.write_policy(cluster.base / "policy.toml", "monitor")
         cluster.scheduler.resume_node("n1")
+
+
+# A stand-in for LBNL NHC, run by the prolog's health gate: on n1 a file system is missing.
+NHC_FAILS_ON_N1 = """#!/bin/sh
+echo "nhc on $SLURMD_NODENAME: 12 checks"
+if [ "$SLURMD_NODENAME" = n1 ]; then
+    echo "ERROR:  nhc:  Health check failed:  check_fs_mount:  /scratch not mounted" >&2
+    exit 1
+fi
+"""
+#: one that hangs (a stuck NFS mount, say), with a child in its process group
+NHC_HANGS = """#!/bin/sh
+echo "nhc: checking /scratch"
+sleep 300 &
+sleep 301
+"""
+
+
+def nhc_script(cluster: HookCluster, name: str, text: str) -> Path:
+    path = cluster.base / name
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def job_starts(cluster: HookCluster, job_id: int) -> dict[str, dict]:
+    """node -> the payload of the job's first job_start event there."""
+    out = {}
+    for node in cluster.spec.node_names:
+        starts = [e for e in cluster.node_events(node, job_id) if e["kind"] == "job_start"]
+        if starts:
+            out[node] = starts[0]["payload"]
+    return out
+
+
+def test_health_gate_runs_the_sites_nhc_and_refuses_the_node_it_fails(cluster):
+    devstack.write_policy(cluster.base / "policy.toml", "act")
+    cluster.set_gate(True)
+    cluster.set_nhc(str(nhc_script(cluster, "nhc-fails-on-n1", NHC_FAILS_ON_N1)))
+    job_id = 0
+    try:
+        job_id = cluster.submit(f"-N{NODES}", "--wrap=sleep 1")  # every node, n1 among them
+        node = wait_for(lambda: (n := cluster.scheduler.get_node("n1")).drained and n, timeout=30)
+        assert node.reason == "Prolog error"  # Slurm's drain, after the prolog's exit 1
+        starts = wait_for(lambda: (s := job_starts(cluster, job_id)) and "n1" in s and s)
+        gate = starts["n1"]["health_gate"]
+        assert gate["refused"] is True and "/scratch not mounted" in gate["reason"]
+        nhc = gate["nhc"]
+        assert nhc["verdict"] == "fail" and nhc["exit_code"] == 1, nhc
+        assert nhc["output"] == [
+            "nhc on n1: 12 checks",
+            "ERROR:  nhc:  Health check failed:  check_fs_mount:  /scratch not mounted",
+        ]
+        assert 0 <= nhc["duration"] < 5 and nhc["path"].endswith("nhc-fails-on-n1")
+        for other, payload in starts.items():  # where it passed, the verdict is kept too
+            if other != "n1":
+                assert payload["health_gate"]["refused"] is False
+                assert payload["health_gate"]["nhc"]["verdict"] == "pass"
+    finally:
+        if job_id:
+            subprocess.run(["scancel", str(job_id)], env=cluster.env, capture_output=True)
+        cluster.set_nhc("")
+        cluster.set_gate(False)
+        devstack.write_policy(cluster.base / "policy.toml", "monitor")
+        cluster.scheduler.resume_node("n1")
+
+
+def test_an_nhc_that_hangs_is_killed_with_its_children_and_the_job_runs(cluster):
+    devstack.write_policy(cluster.base / "policy.toml", "act")
+    cluster.set_gate(True)
+    hangs = nhc_script(cluster, "nhc-hangs", NHC_HANGS)
+    cluster.set_nhc(str(hangs), timeout="1s")
+    try:
+        job_id = cluster.submit("-N1", "--wrap=sleep 1")
+        assert wait_for(lambda: cluster.finished(job_id), timeout=60) == "COMPLETED"
+        (payload,) = job_starts(cluster, job_id).values()
+        gate = payload["health_gate"]
+        assert gate["refused"] is False and "failing open" in gate["reason"]
+        assert gate["nhc"]["verdict"] == "timeout" and gate["nhc"]["exit_code"] is None
+        assert gate["nhc"]["output"] == ["nhc: checking /scratch"]
+        assert 1 <= gate["nhc"]["duration"] < 5
+        assert not [n for n in cluster.scheduler.list_nodes() if n.drained]
+        left = subprocess.run(["pgrep", "-f", "sleep 30[01]"], capture_output=True, text=True)
+        assert left.stdout == "", f"the check's processes outlived it: {left.stdout}"
+    finally:
+        cluster.set_nhc("")
+        cluster.set_gate(False)
+        devstack.write_policy(cluster.base / "policy.toml", "monitor")
 
 
 # --------------------------------------------------------------------------------- progress file

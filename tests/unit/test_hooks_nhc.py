@@ -57,6 +57,18 @@ def test_a_failing_check_refuses_the_node_in_act_mode(tmp_path, capsys):
     assert "refusing job 41" in capsys.readouterr().err
 
 
+def test_the_refusal_quotes_the_line_that_says_why(tmp_path):
+    """NHC may print a banner first: the reason Slurm's log and `explain` show quotes its
+    ERROR line, else its last line (first caught on the local cluster)."""
+    write_policy(tmp_path)
+    body = 'echo "nhc: 12 checks"\n' + FAILING
+    _, event = run_prolog(tmp_path, script(tmp_path, body, name="banner"))
+    assert event["payload"]["health_gate"]["reason"].endswith(
+        "(exit 1): ERROR:  nhc:  Health check failed:  check_fs_mount:  /scratch not mounted"
+    )
+    assert hooks.failure_line(["starting", "disk 93% full"]) == "disk 93% full"
+
+
 def test_a_failing_check_in_monitor_mode_only_says_what_it_would_do(tmp_path, capsys):
     write_policy(tmp_path, 'mode = "monitor"\n')
     code, event = run_prolog(tmp_path, script(tmp_path, FAILING))
