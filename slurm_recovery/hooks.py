@@ -582,12 +582,6 @@ def run_nhc(path: str, timeout: float, env: Mapping[str, str]) -> dict[str, Any]
     return record
 
 
-def failure_line(output: list[str]) -> str:
-    """The line of a failed check's output that says why: the first with ``ERROR`` in it (NHC
-    writes ``ERROR:  nhc:  Health check failed: ...``), else the last (a banner comes first)."""
-    return next((line for line in output if "ERROR" in line.upper()), output[-1])
-
-
 def nhc_gate(
     config: HookConfig, node: str, partition: str, env: Mapping[str, str]
 ) -> tuple[bool, str, dict[str, Any]]:
@@ -600,7 +594,10 @@ def nhc_gate(
         return False, "nhc passed", record
     if verdict != "fail":
         return False, f"nhc {verdict} ({record.get('note', '')}): failing open", record
-    said = f": {failure_line(record['output'])}" if record["output"] else ""
+    from slurm_recovery.contract.wire import health_check_failure_line  # not on the hot path
+
+    line = health_check_failure_line(record["output"])
+    said = f": {line}" if line else ""
     problem = f"site health check {config['hooks.nhc']} failed (exit {record['exit_code']}){said}"
     refuse, why = refusal_in_act_mode(config, partition, node, problem)
     return refuse, why, record

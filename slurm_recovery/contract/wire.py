@@ -150,3 +150,14 @@ def event_to_json(
     if payload:
         event["payload"] = dict(payload)
     return event
+
+
+def health_check_failure_line(output: Any) -> str:
+    """The line of a failed site health check's output (``job_start``'s
+    ``health_gate.nhc.output``, its first lines) that says why: the first with ``ERROR`` in it
+    (LBNL NHC writes ``ERROR:  nhc:  Health check failed: ...``), else the last (a banner comes
+    first); "" when there is none or it is not a list of strings."""
+    if not isinstance(output, list):
+        return ""
+    lines = [line for line in output if isinstance(line, str) and line]
+    return next((line for line in lines if "ERROR" in line.upper()), lines[-1] if lines else "")

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_recovery.contract.hostlist import compress
+from slurm_recovery.contract.wire import health_check_failure_line
 from slurm_recovery.decide.cleared import cleared_ids
 from slurm_recovery.decide.detect import (
     NODE_FINDING_KINDS,
@@ -368,10 +369,9 @@ def nhc_failure(payload: Mapping[str, Any]) -> str:
     if not isinstance(nhc, Mapping) or nhc.get("verdict") != "fail":
         return ""
     code = nhc.get("exit_code")
-    lines = nhc.get("output")
-    first = lines[0] if isinstance(lines, list) and lines and isinstance(lines[0], str) else ""
+    why = health_check_failure_line(nhc.get("output"))
     said = f"exit {code}" if isinstance(code, int) and not isinstance(code, bool) else "failed"
-    return said + (f": {_one_line(first)}" if first else "")
+    return said + (f": {_one_line(why)}" if why else "")
 
 
 def _sidecar_finding(ev: Evidence, on_node: bool, where: str) -> _Finding | None:

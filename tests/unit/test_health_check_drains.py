@@ -241,7 +241,11 @@ def prolog_start(ev_id: int, nhc: object, restart: int = 0) -> Evidence:
 
 def test_nhc_failing_in_the_prolog_of_this_attempt_implicates_the_node():
     the_job = job(start_time=5_000, end_time=5_100)
-    failed = {"verdict": "fail", "exit_code": 1, "output": ["ERROR: nhc: check_hw_mem"]}
+    failed = {
+        "verdict": "fail",
+        "exit_code": 1,
+        "output": ["nhc 1.4.3", "ERROR: nhc: check_hw_mem"],
+    }
     early = incident(failed_at=5_100.0)
     verdict = attribute(early, the_job, [prolog_start(1, failed)], CATALOGUE, POLICY)
     assert verdict.nodes == {"n3"} and verdict.fault_class is FaultClass.SYSTEM

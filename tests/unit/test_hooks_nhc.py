@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_recovery import hooks
-from slurm_recovery.contract.wire import parse_event
+from slurm_recovery.contract.wire import health_check_failure_line, parse_event
 from tests.unit.test_hooks import NOW, PROLOG_2205, make_config, node_events, write_policy
 
 
@@ -66,7 +66,9 @@ def test_the_refusal_quotes_the_line_that_says_why(tmp_path):
     assert event["payload"]["health_gate"]["reason"].endswith(
         "(exit 1): ERROR:  nhc:  Health check failed:  check_fs_mount:  /scratch not mounted"
     )
-    assert hooks.failure_line(["starting", "disk 93% full"]) == "disk 93% full"
+    assert health_check_failure_line(["starting", "disk 93% full"]) == "disk 93% full"
+    assert health_check_failure_line(["x", 3, None]) == "x"  # malformed: what can be read
+    assert health_check_failure_line("ERROR") == health_check_failure_line([]) == ""
 
 
 def test_a_failing_check_in_monitor_mode_only_says_what_it_would_do(tmp_path, capsys):
