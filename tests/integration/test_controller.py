@@ -266,7 +266,7 @@ def test_a_jobs_own_settings_from_its_job_start_are_honoured(stacks, submit, sch
         ],
         role="operator",
     )  # fmt: skip
-    (story,) = wait_for(lambda: story_or_none(stack, watched))
+    (story,) = wait_for(lambda: [i for i in story_or_none(stack, watched) if i["outcome"]])
     assert story["advice"]["mode"] == "monitor" and story["outcome"].startswith("monitor: ")
     wait_passes(stack.url, 2)  # a few controller passes
     assert story_or_none(stack, left_alone) == []  # --recovery=off: no incident at all
