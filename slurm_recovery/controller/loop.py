@@ -81,6 +81,10 @@ def planned(incident_id: int, advice: Advice) -> Plan:
     return Plan.from_verdict(incident_id, advice.id, advice.decision, advice.reason, advice.verdict)
 
 
+#: How ``Reconciler.last_error`` starts when the pass got no answer from slurmctld.
+UNREACHABLE = "slurmctld unreachable"
+
+
 def still_our_drain(node: Node, reason: str) -> bool:
     """The node is drained, with the reason the tool set (a resume, or a new drain by an
     admin for maintenance, ends the tool's drain)."""
@@ -333,7 +337,7 @@ class Reconciler:
             for incident in self.store.list_incidents(open_only=True, limit=10_000):
                 busy |= self._reconcile(incident, view)
         except Unreachable as exc:
-            self.last_error = f"slurmctld unreachable: {exc}"
+            self.last_error = f"{UNREACHABLE}: {exc}"
             log.warning("%s; retrying", self.last_error)
             return False
         except UnsupportedOutput as exc:  # a record this parser does not know: act on nothing
@@ -365,6 +369,11 @@ class Reconciler:
         self.last_tick = self.clock()
         self.last_error = self.slurm_problem
         return busy
+
+    @property
+    def slurmctld_unreachable(self) -> bool:
+        """The last pass got no answer from slurmctld (not another kind of error)."""
+        return self.last_error.startswith(UNREACHABLE)
 
     def _distrust_slurm(self, exc: UnsupportedOutput) -> None:
         """The controller's first read of Slurm met a shape the parser does not know: say why

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from slurm_recovery.controller.views import LEMON_THRESHOLD
 from slurm_recovery.decide.advise import NEEDS_OPERATOR_RULES
 from slurm_recovery.watchdog import read_heartbeat, stale_after
 
@@ -120,23 +121,24 @@ class Metrics:
         self.lemon_threshold = Gauge(
             "srecovery_lemon_threshold", "The lemon score at which a node is a lemon", registry=r
         )
+        self.lemon_threshold.set(LEMON_THRESHOLD)
 
-    def pass_done(self, error: str, now: float) -> None:
-        """After each pass: ``error`` is the reconciler's ``last_error`` ("" when none)."""
-        if error.startswith("slurmctld unreachable"):
+    def pass_done(self, *, unreachable: bool, good: bool, now: float) -> None:
+        """After each pass: slurmctld did not answer it (``unreachable``), or it ended without
+        any error (``good``)."""
+        if unreachable:
             self.slurm_unreachable.inc()
             self.slurm_unreachable_passes.inc()
             return
         self.slurm_unreachable_passes.set(0)
-        if not error:
+        if good:
             self.last_good_pass.set(now)
 
-    def lemons(self, scores: Mapping[str, float], threshold: float) -> None:
+    def lemons(self, scores: Mapping[str, float]) -> None:
         """Replace the per-node lemon scores (nodes no longer scored drop out)."""
         self.lemon_score.clear()
         for node, score in scores.items():
             self.lemon_score.labels(node).set(score)
-        self.lemon_threshold.set(threshold)
 
     def incident_opened(self, fault_class: str, detection_seconds: float) -> None:
         self.incidents.labels(fault_class).inc()

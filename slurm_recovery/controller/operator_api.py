@@ -389,8 +389,7 @@ class _OperatorApi:
             "now": iso(now),
             "last_pass": iso(last),
             "last_error": last_error,
-            "slurm_reachable": last is not None
-            and not (r.last_error if r else "").startswith("slurmctld unreachable"),
+            "slurm_reachable": last is not None and not (r and r.slurmctld_unreachable),
             "auth": "off (development only)" if c.insecure else "munge",
             "modes": self._modes(store),
             "in_flight": in_flight,

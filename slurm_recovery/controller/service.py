@@ -304,7 +304,10 @@ class Controller:
         assert self.reconciler is not None
         self._prune()
         busy = self.reconciler.tick()
-        self.metrics.pass_done(self.reconciler.last_error, time.time())
+        r = self.reconciler
+        self.metrics.pass_done(
+            unreachable=r.slurmctld_unreachable, good=not r.last_error, now=time.time()
+        )
         view = self.reconciler.last_view
         if view is not None:
             self.node_addresses = self.address_book.addresses(view.nodes, view.now)
@@ -594,7 +597,7 @@ class Controller:
         except StoreError as exc:
             log.warning("lemon scores for /metrics not read: %s", exc)
             return
-        self.metrics.lemons(scores, views.LEMON_THRESHOLD)
+        self.metrics.lemons(scores)
 
     def app(self) -> web.Application:
         app = web.Application(

@@ -39,6 +39,12 @@ def metrics(stack: Stack) -> str:
         return resp.read().decode()
 
 
+def sample(text: str, name: str) -> float:
+    """The value of the unlabelled metric ``name`` in a /metrics exposition."""
+    (value,) = [float(line.split()[1]) for line in text.splitlines() if line.split(" ")[0] == name]
+    return value
+
+
 def srecovery(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "slurm_recovery.cli", "--config", str(stack.config), *args],
@@ -99,9 +105,17 @@ def test_slurmctld_restarted_mid_restart_completes_once_and_leaves_nothing_held(
         health = wait_for(lambda: _health(stack)["last_error"], timeout=30)
         assert health.startswith("slurmctld unreachable"), health
         time.sleep(5)  # slurmctld stays down for a few controller passes
+        # the alert rules' inputs (docs/monitoring.md): a streak of unanswered passes
+        down = sample(metrics(stack), "srecovery_slurm_unreachable_passes")
+        assert down >= 1, down  # each unanswered pass waits out scheduler.command_timeout
+        stalled = sample(metrics(stack), "srecovery_last_good_pass_timestamp_seconds")
     finally:
         localcluster.up(local_cluster, keep_state=True)
     again = wait_for(lambda: running(scheduler, job_id, restarts=1), timeout=90)
+    text = metrics(stack)
+    assert sample(text, "srecovery_slurm_unreachable_passes") == 0
+    assert sample(text, "srecovery_last_good_pass_timestamp_seconds") > stalled
+    assert sample(text, "srecovery_slurm_unreachable_total") >= down
     assert bad not in again.nodes and bad in again.excluded_nodes and not again.held
     (incident,) = wait_for(lambda: [i for i in story_or_none(stack, job_id) if i["outcome"]])
     assert incident["outcome"].startswith("restarted on")

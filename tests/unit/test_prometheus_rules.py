@@ -92,17 +92,17 @@ def sample(text: str, name: str) -> float:
 def test_pass_streaks_and_the_last_good_pass() -> None:
     metrics = Metrics()
     text = lambda: generate_latest(metrics.registry).decode()  # noqa: E731
-    metrics.pass_done("", 100.0)
-    metrics.pass_done("slurmctld unreachable: timed out", 101.0)
-    metrics.pass_done("slurmctld unreachable: timed out", 102.0)
+    metrics.pass_done(unreachable=False, good=True, now=100.0)
+    metrics.pass_done(unreachable=True, good=False, now=101.0)
+    metrics.pass_done(unreachable=True, good=False, now=102.0)
     assert sample(text(), "srecovery_slurm_unreachable_passes") == 2
     assert sample(text(), "srecovery_slurm_unreachable_total") == 2
     assert sample(text(), "srecovery_last_good_pass_timestamp_seconds") == 100.0
-    metrics.pass_done("store: database is locked", 103.0)  # answered: the streak ends
+    metrics.pass_done(unreachable=False, good=False, now=103.0)  # answered: the streak ends
     assert sample(text(), "srecovery_slurm_unreachable_passes") == 0
     assert sample(text(), "srecovery_slurm_unreachable_total") == 2  # not Slurm's fault
     assert sample(text(), "srecovery_last_good_pass_timestamp_seconds") == 100.0
-    metrics.pass_done("", 104.0)
+    metrics.pass_done(unreachable=False, good=True, now=104.0)
     assert sample(text(), "srecovery_last_good_pass_timestamp_seconds") == 104.0
 
 
@@ -113,8 +113,8 @@ def test_needs_operator_and_reject_series_start_at_zero_and_lemons_are_replaced(
         assert sample(text, f'srecovery_needs_operator_total{{rule="{rule}"}}') == 0
     for status in ("400", "401", "403", "429", "503"):
         assert sample(text, f'srecovery_ingest_rejects_total{{status="{status}"}}') == 0
-    metrics.lemons({"n3": 2.5, "n4": 0.25}, 2.0)
-    metrics.lemons({"n4": 0.5}, 2.0)
+    metrics.lemons({"n3": 2.5, "n4": 0.25})
+    metrics.lemons({"n4": 0.5})
     text = generate_latest(metrics.registry).decode()
     assert "n3" not in text and sample(text, 'srecovery_node_lemon_score{node="n4"}') == 0.5
     assert sample(text, "srecovery_lemon_threshold") == 2.0
