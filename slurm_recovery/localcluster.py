@@ -34,7 +34,7 @@ MUNGE_KEY = Path("/etc/munge/munge.key")
 #: Where scripts/build-slurm puts the Slurm releases apt does not install (/opt/slurm/24.11).
 BUILT_SLURM = Path(os.environ.get("SRECOVERY_SLURM_ROOT", "/opt/slurm"))
 #: Releases scripts/build-slurm knows; ``--slurm`` takes one of these or ``default``.
-SLURM_SERIES = ("22.05", "24.11")
+SLURM_SERIES = ("22.05", "24.11", "26.05")
 
 
 class ClusterError(RuntimeError):
@@ -102,8 +102,10 @@ class ClusterSpec:
 def render_slurm_conf(spec: ClusterSpec, hostname: str) -> str:
     """slurm.conf for ``spec``: several slurmd on this host, every port on loopback."""
     b = spec.base
+    relocated = relocated_prefix(spec)
     lines = [
         "# Written by scripts/local-cluster; rewritten on every `up`.",
+        *([f"PluginDir={_relocated_plugins(relocated)}"] if relocated else []),
         f"ClusterName={spec.name}",
         f"SlurmctldHost={hostname}(127.0.0.1)",
         f"SlurmctldPort={spec.port_base}",
@@ -358,6 +360,32 @@ def _program(spec: ClusterSpec, name: str) -> str:
         return name
     sub = "sbin" if name in ("slurmctld", "slurmd") else "bin"
     return f"{spec.slurm_prefix}/{sub}/{name}"
+
+
+def relocated_prefix(spec: ClusterSpec) -> str:
+    """The prefix of a relocated Debian package set (26.05 from Debian unstable,
+    scripts/build-slurm) that this cluster runs, named by ``slurm_prefix`` or first on PATH;
+    "" for a build from source or apt's Slurm. Its programs keep Debian's compiled-in paths
+    (plugins, slurmstepd), which on this host belong to apt's release: they are overridden."""
+    prefix = spec.slurm_prefix
+    if not prefix:
+        found = shutil.which("slurmctld")
+        prefix = str(Path(found).parent.parent) if found else ""
+    return prefix if prefix and Path(_relocated_plugins(prefix)).is_dir() else ""
+
+
+def _relocated_plugins(prefix: str) -> str:
+    return f"{prefix}/root/usr/lib/x86_64-linux-gnu/slurm-wlm"
+
+
+def _slurmd_argv(spec: ClusterSpec, node: str) -> list[str]:
+    """slurmd for ``node``; a relocated release's slurmd is told where its own slurmstepd is
+    (its compiled-in /usr/sbin/slurmstepd is the host's, another release)."""
+    argv = [_program(spec, "slurmd"), "-D", "-N", node, "-f", str(spec.slurm_conf)]
+    relocated = relocated_prefix(spec)
+    if relocated:
+        argv += ["-d", f"{relocated}/sbin/slurmstepd"]
+    return argv
 
 
 def _release_of(slurmctld: str) -> str:
@@ -639,7 +667,7 @@ def _start(
         key = f"slurmd:{node}"
         if not process_alive(pids.get(key, 0), f"-N {node}"):
             pids[key] = spawn_daemon(
-                [_program(spec, "slurmd"), "-D", "-N", node, "-f", str(spec.slurm_conf)],
+                _slurmd_argv(spec, node),
                 log / f"slurmd-{node}.out",
                 env,
             )

@@ -40,6 +40,7 @@ ACTIVE_JOB_STATES = frozenset(
         "STAGE_OUT",
         "STOPPED",
         "RESV_DEL_HOLD",
+        "EXPEDITING",  # 25.11+: Slurm requeueing an --requeue=expedite job on its own
     }
 )
 
