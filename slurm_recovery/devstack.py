@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,10 +162,12 @@ def up(
     gpus_per_node: int = 8,
     policy_extra: str = "",
     slurm: str = "default",
+    slurm_conf_extra: Sequence[str] = (),
 ) -> DevStack:
     """Cluster (with the hooks, TaskProlog included, in its slurm.conf), controller, watchdog
     and one sidecar per node with simulated GPUs; idempotent. ``slurm``: the release to run
-    (``default`` = apt's, or a series built by scripts/build-slurm). A controller that does not
+    (``default`` = apt's, or a series built by scripts/build-slurm); ``slurm_conf_extra``: more
+    slurm.conf lines (``SlurmctldParameters=enable_expedited_requeue``). A controller that does not
     become healthy stops the whole stack (ClusterError; its logs stay in ``base/log``)."""
     from slurm_recovery.hooks import slurm_conf_lines, write_hook_wrappers
 
@@ -180,7 +183,7 @@ def up(
     write_policy(base / "policy.toml", mode, policy_extra)
     config = write_config(base, spec, api_port, gpus_per_node=gpus_per_node)
     wrappers = write_hook_wrappers(base / "hooks", config)
-    spec.extra_conf = slurm_conf_lines(wrappers)
+    spec.extra_conf = [*slurm_conf_lines(wrappers), *slurm_conf_extra]
     localcluster.up(spec)
     url = f"http://127.0.0.1:{api_port}"
     state = _load(base)

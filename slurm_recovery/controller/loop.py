@@ -27,7 +27,7 @@ from slurm_recovery.controller.nodelisting import NodeListing
 from slurm_recovery.controller.observe import HEALTH_CHECK_KIND, observe
 from slurm_recovery.decide.advise import advise, after_drains, needs_operator_rule
 from slurm_recovery.decide.attribute import XID_REPEAT_WINDOW, attribute
-from slurm_recovery.decide.detect import detect
+from slurm_recovery.decide.detect import detect, with_failed_attempts
 from slurm_recovery.decide.hang import hang_incidents
 from slurm_recovery.decide.jobsettings import (
     DEFAULT_SETTINGS,
@@ -494,6 +494,8 @@ class Reconciler:
 
     def _detect_and_decide(self, view: ClusterView) -> None:
         evidence = self._evidence(view.now)
+        # Slurm's own hold of a failed --requeue=expedite job: judged as the attempt that failed
+        view = with_failed_attempts(view, evidence)
         reported = {  # every attempt with an incident: a straggler is reported once
             (job.job_id, job.restart_count) for job in view.jobs.values() if self._kinds(job)
         }

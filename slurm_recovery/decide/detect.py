@@ -15,12 +15,18 @@ job id, at most one new incident per job attempt ``(job_id, restart_count)``:
    create one. A job that then exits is a CRASH, one that stops making progress a HANG, each
    judged with the same lines.
 
+On Slurm 25.11+ an ``--requeue=expedite`` job that exits non-zero with no failed Epilog is not
+FAILED: Slurm requeues and holds it itself (REQUEUE_HOLD, restart count + 1, no nodes).
+:func:`with_failed_attempts` shows such a job as the attempt that failed, from its hooks'
+evidence, so rule 1 sees the crash it would see without expedite.
+
 Node evidence the node itself has since cleared (a GPU reset, a healthy reading:
 :mod:`decide.cleared`) dooms nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from slurm_recovery.contract.hostlist import compress
@@ -44,6 +50,58 @@ FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"})
 #: Evidence this many seconds before the job's start still belongs to the attempt (clocks on
 #: the nodes and the head node differ a little; Slurm's start time has whole-second precision).
 START_SLACK = 2.0
+
+
+def held_by_expedited_requeue(job: Job) -> bool:
+    """Slurm's own requeue-hold of an ``--requeue=expedite`` job whose last attempt exited
+    non-zero (25.11+ ``batch_requeue_fini``): not the tool's hold (no hold mark) and not an
+    operator's ``requeuehold`` of a running job (that attempt ends by a signal, not an exit)."""
+    return (
+        job.expedited_requeue
+        and job.state == "REQUEUE_HOLD"
+        and job.held
+        and job.restart_count > 0
+        and job.exit_code.returncode != 0
+        and job.exit_code.signal == 0
+        and not job.admin_comment.startswith("srecovery:held:")
+    )
+
+
+def with_failed_attempts(view: ClusterView, evidence: Sequence[Evidence]) -> ClusterView:
+    """``view`` with each job Slurm holds after an expedited failure (see
+    :func:`held_by_expedited_requeue`) shown as its failed attempt: FAILED, the attempt's
+    restart count, nodes and start as its hooks reported them (``job_start``/``job_end``).
+    Without the attempt's ``job_end`` (the hooks are not installed, or it is still on its way)
+    the job is left as Slurm shows it: nothing is guessed."""
+    replaced: dict[int, Job] = {}
+    for job in view.jobs.values():
+        if not held_by_expedited_requeue(job):
+            continue
+        failed = job.restart_count - 1
+        mine = [
+            ev
+            for ev in evidence
+            if ev.job_id == job.job_id and ev.payload.get("restart_count") == failed
+        ]
+        ends = [ev for ev in mine if ev.kind == "job_end" and ev.node is None]
+        ends = ends or [ev for ev in mine if ev.kind == "job_end"]
+        if not ends:
+            continue
+        end = min(ends, key=_evidence_order)
+        starts = [ev.observed_at for ev in mine if ev.kind == "job_start"]
+        nodes = tuple(str(n) for n in end.payload.get("nodes") or ())
+        replaced[job.job_id] = dataclasses.replace(
+            job,
+            state="FAILED",
+            restart_count=failed,
+            nodes=nodes or job.nodes,
+            start_time=int(min(starts)) if starts else 0,
+            end_time=int(end.observed_at),
+            held=False,
+        )
+    if not replaced:
+        return view
+    return dataclasses.replace(view, jobs={**view.jobs, **replaced})
 
 
 def detect(

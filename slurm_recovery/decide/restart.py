@@ -259,7 +259,8 @@ def _restart(
                 )
             )
         return result(Close(f"restarted on {compress(job.nodes)}", "running_again"))
-    if job.state != "PENDING":
+    if job.state not in ("PENDING", "REQUEUE_HOLD"):
+        # REQUEUE_HOLD: pending and held, as Slurm 25.11+ leaves an expedited job it held
         return result(Wait(f"the job is {job.state}: Slurm is moving it"))
 
     if job.held and mark is None and not is_done("mark") and watchdog_released_at is None:

@@ -105,6 +105,9 @@ class Job:
     array_job_id: int = 0  # an array task: its array's id (0 when not in an array)
     array_task_id: int | None = None  # None in an array's pending record (``17_[4-9]``)
     batch: bool = True  # False for srun/salloc jobs: Slurm refuses to requeue them
+    #: 25.11+: submitted ``--requeue=expedite`` (job flag ``EXPEDITED_REQUEUE``): Slurm itself
+    #: requeues it after a node failure or a failed Epilog, and holds it after any other failure
+    expedited_requeue: bool = False
     #: node -> the GPU indices (GRES ``IDX``) the job holds there; a node where it holds none
     #: is absent. None: Slurm did not say (no GRES detail, ``IDX:N/A``, MPS/shard sharing).
     gpus: Mapping[str, frozenset[int]] | None = field(default=None, hash=False)

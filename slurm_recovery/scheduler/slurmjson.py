@@ -224,10 +224,12 @@ def job_from_json(data: Mapping[str, Any], *, slurm: str = "unknown", where: str
     stderr_pattern = r.text("standard_error")
     # 23.02+ say "hold"; 22.05 only shows priority 0 for a held job
     held = r.flag("hold", r.number("priority") == 0, required=False)
+    job_flags = r.names("flags", required=False)
     return Job(
         job_id=job_id,
         name=name,
         state=effective_job_state(base, flags),
+        expedited_requeue="EXPEDITED_REQUEUE" in job_flags,
         state_flags=flags,
         reason=r.text("state_reason"),
         user=user,

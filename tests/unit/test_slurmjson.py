@@ -374,3 +374,26 @@ def test_any_gres_detail_text_reads_as_indices_or_not_known(text):
 )
 def test_gpu_count_of_a_node(gres, count):
     assert gpu_count(gres) == count
+
+
+def test_slurms_own_expedited_hold_as_26_05_shows_it():
+    """squeue --json on 26.05.5 for an ``--requeue=expedite`` job after ``exit 1`` with
+    ``enable_expedited_requeue`` (recorded on the real cluster): Slurm held it itself."""
+    held = job_from_json(
+        _job(
+            job_state=["PENDING", "REQUEUE_HOLD"],
+            flags=["USING_DEFAULT_QOS", "PARTITION_ASSIGNED", "EXPEDITED_REQUEUE"],
+            state_reason="JobHeldUser",
+            restart_cnt={"set": True, "infinite": False, "number": 1},
+            hold=True,
+            priority={"set": True, "infinite": False, "number": 0},
+            exit_code={
+                "status": ["ERROR"],
+                "return_code": {"set": True, "infinite": False, "number": 143},
+                "signal": {"id": {"set": False, "infinite": False, "number": 0}, "name": ""},
+            },
+        )
+    )
+    assert (held.state, held.held, held.restart_count) == ("REQUEUE_HOLD", True, 1)
+    assert held.expedited_requeue and held.exit_code == ExitCode(143, 0)
+    assert not job_from_json(_job()).expedited_requeue  # 22.05: no such flag
