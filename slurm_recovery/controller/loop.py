@@ -1045,12 +1045,15 @@ class Reconciler:
             and r.payload.get("result") == "unanswered"
             for r in self.store.audit_about(incidents=[incident.id], since=incident.opened_at)
         )
-        message = (
-            "found done in Slurm: Slurm applied it, but its answer was lost (slurmctld stopped "
-            "answering during the call)"
-            if lost
-            else "found done in Slurm, with no record: the controller stopped after the call"
-        )
+        if step.params.get("by") == "slurm":
+            message = "done by Slurm itself (expedited requeue), not by the tool"
+        elif lost:
+            message = (
+                "found done in Slurm: Slurm applied it, but its answer was lost (slurmctld "
+                "stopped answering during the call)"
+            )
+        else:
+            message = "found done in Slurm, with no record: the controller stopped after the call"
         now = self.clock()
         with self.store.transaction():
             self.store.record_action(

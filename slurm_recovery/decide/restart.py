@@ -218,6 +218,8 @@ def _restart(
     for step in shown:
         if not is_done(step):
             params = {"nodes": sorted(plan.exclude)} if step == "exclude" else {}
+            if step == "requeue_hold" and job.expedited_requeue and not ours:
+                params = {"by": "slurm"}  # 25.11+ expedited requeue: Slurm's own requeue
             found.append(Step(step, target, params))
             done[(step, target)] = now
 

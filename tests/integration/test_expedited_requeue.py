@@ -5,13 +5,17 @@ submitted ``--requeue=expedite``, the dev stack in act mode on the real cluster.
   count 1, "job requeued in held state"). Before, the tool opened no incident and the job
   waited for a person; now it is judged as the attempt that failed (an application bug:
   stopped with the reason, no node blamed);
-- a GPU fault under a running job: running again once, without the node, restart count 1.
+- a GPU fault under a running job: running again once, without the node, restart count 1;
+- a node death: Slurm holds the job once it marks the node DOWN; the tool releases it, and
+  it runs again elsewhere (before, it stayed held).
 
 Skipped below 25.11, where ``--requeue=expedite`` does not exist (CI runs these on 26.05)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -134,4 +138,37 @@ def test_a_gpu_fault_restarts_the_expedited_job_once_without_the_node(stack, sch
             ["scontrol", "update", f"nodename={bad}", "state=resume"],
             env=localcluster.slurm_env(stack.cluster),
             capture_output=True,
+        )
+
+
+def test_a_dead_node_does_not_leave_the_expedited_job_held(stack, sched, client):
+    """The node's slurmd killed: srun loses it, the batch script exits non-zero, the job sits
+    COMPLETING until Slurm marks the node DOWN (SlurmdTimeout), then Slurm holds it. Before,
+    it stayed held; now it runs again, on other nodes, once, seconds after the hold."""
+    job_id = sbatch(stack, "-N2", "--wrap=srun sleep 600")
+    env = localcluster.slurm_env(stack.cluster)
+    dead = ""
+    try:
+        first = wait_for(lambda: (j := sched.get_job(job_id)).state == "RUNNING" and j)
+        dead = first.nodes[1]
+        state = json.loads((stack.cluster.base / "cluster.json").read_text())
+        os.kill(state["pids"][f"slurmd:{dead}"], signal.SIGKILL)
+        held = wait_for(
+            lambda: (j := sched.get_job(job_id)).restart_count == 1 and not j.nodes and j,
+            timeout=120,
+            interval=0.2,
+        )
+        held_at = time.monotonic()
+        again = wait_for(lambda: (j := sched.get_job(job_id)).state == "RUNNING" and j, timeout=30)
+        assert time.monotonic() - held_at < 10, "not restarted within seconds of Slurm's hold"
+        assert again.restart_count == 1 and dead not in again.nodes, (held, again)
+        (story,) = incidents(client, job_id)
+        assert story["kind"] == "crash" and story["restart_count"] == 0, story
+        steps = client.get(f"/v1/incidents/{story['id']}")
+        assert "expedited requeue" in json.dumps(steps), "the audit must say Slurm requeued it"
+    finally:
+        subprocess.run(["scancel", str(job_id)], env=env)
+        localcluster.up(stack.cluster)  # the killed slurmd back
+        subprocess.run(
+            ["scontrol", "update", f"nodename={dead}", "state=resume"], env=env, capture_output=True
         )
