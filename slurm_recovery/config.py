@@ -616,6 +616,21 @@ class HooksConfig(_Section):
             "drains the node and requeues the job). Honoured only in act mode."
         ),
     ] = hook.boolean(hook.HOOK_DEFAULTS["hooks.health_gate"])
+    epilog_gate: Annotated[
+        bool,
+        msgspec.Meta(
+            description="The node Epilog fails on a node with an open fatal GPU finding, so "
+            "that Slurm drains it at once and, for --requeue=expedite jobs on Slurm 25.11+, "
+            "requeues the job at once. Honoured only in act mode."
+        ),
+    ] = hook.boolean(hook.HOOK_DEFAULTS["hooks.epilog_gate"])
+    epilog_gate_wait: Annotated[
+        Duration,
+        msgspec.Meta(
+            description="With hooks.epilog_gate, how long the Epilog of a job that failed "
+            "waits for the sidecar to list a fatal finding it may not have read yet."
+        ),
+    ] = _hook_default(Duration, "hooks.epilog_gate_wait")
     controller_timeout: Annotated[
         PositiveDuration,
         msgspec.Meta(

@@ -44,7 +44,7 @@ import stat
 import sys
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 
 from slurm_recovery.contract import hostlist, jobdir
@@ -475,6 +475,14 @@ def gate_decision(
     """
     if not config["hooks.health_gate"]:
         return False, "health gate off", []
+    return _fatal_findings_refusal(config, node, partition, now)
+
+
+def _fatal_findings_refusal(
+    config: HookConfig, node: str, partition: str, now: float
+) -> tuple[bool, str, list[dict[str, Any]]]:
+    """``(refuse, why, fatal findings)`` from the sidecar's health file and the policy's
+    mode, for the prolog's gate and the epilog's alike (conditions 2-5 of docs/hooks.md)."""
     path = os.path.join(config.sidecar_spool(node), HEALTH_FILE)
     try:
         health = read_health(path)
@@ -521,6 +529,49 @@ def refusal_in_act_mode(
             f"would refuse node {node}: {problem}",
         )
     return True, f"node {node}: {problem}"
+
+
+#: How often the epilog gate re-reads the health file while it waits (s).
+EPILOG_GATE_POLL = 0.05
+
+
+def job_failed(env: Mapping[str, str]) -> bool:
+    """Whether Slurm says the job ended badly (non-zero exit or a signal); False when it
+    gave no exit code."""
+    fields = exit_fields(env)
+    return bool(fields["exit_code"]) or bool(fields["signal"])
+
+
+def epilog_gate_decision(
+    config: HookConfig,
+    node: str,
+    partition: str,
+    failed: bool,
+    now: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[bool, str, list[dict[str, Any]]]:
+    """Should the epilog fail on ``node``? ``(fail, why, fatal findings)``.
+
+    The same conditions as the prolog's gate (:func:`gate_decision`) with
+    ``hooks.epilog_gate`` in place of ``hooks.health_gate``: a fault the sidecar proved on this
+    node (never a line of the job's output). A failed Epilog makes slurmd drain the node
+    ("Epilog error"), and on Slurm 25.11+ makes slurmctld requeue a ``--requeue=expedite`` job
+    at once, which is Slurm's fastest path back to running. When the job ``failed`` and no
+    finding is listed yet, the sidecar may not have read the XID that ended it: wait up to
+    ``hooks.epilog_gate_wait`` for one, re-reading the file. Fails open like the prolog's.
+    """
+    if not config["hooks.epilog_gate"]:
+        return False, "epilog gate off", []
+    wait = config["hooks.epilog_gate_wait"] if failed else 0.0
+    started = clock()
+    while True:
+        waited = clock() - started
+        refuse, why, fatal = _fatal_findings_refusal(config, node, partition, now + waited)
+        if fatal or waited >= wait:
+            return refuse, why, fatal
+        sleep(min(EPILOG_GATE_POLL, wait - waited))
 
 
 #: Lines, and characters of each, of the site health check's output kept in ``job_start``.
@@ -723,6 +774,16 @@ def _run_node(hook: str, config: HookConfig, env: Mapping[str, str], now: float)
             if nhc is not None:
                 gate["nhc"] = nhc
             event["payload"]["health_gate"] = gate
+    if hook == "epilog" and config["hooks.epilog_gate"]:
+        partition = env.get("SLURM_JOB_PARTITION", "")
+        try:
+            refuse, why, fatal = epilog_gate_decision(config, node, partition, job_failed(env), now)
+        except Exception as exc:  # fail open
+            refuse, why, fatal = False, f"epilog gate failed ({exc}): failing open", []
+        if not refuse and (fatal or "failing open" in why):
+            log(hook, f"job {event['job_id']}: epilog passes on {node}: {why}")
+        if refuse:
+            event["payload"]["epilog_gate"] = {"failed": True, "reason": why, "fatal": fatal}
     if hook == "prolog" and not refuse:  # before job_start: the sidecar finds it in place
         make_job_dir(config, env, node, event["job_id"])
     spool = config.sidecar_spool(node)
@@ -732,6 +793,10 @@ def _run_node(hook: str, config: HookConfig, env: Mapping[str, str], now: float)
         log(
             hook, f"job {event['job_id']}: cannot spool the {event['kind']} event in {spool}: {exc}"
         )
+    if refuse and hook == "epilog":
+        why = event["payload"]["epilog_gate"]["reason"]
+        log(hook, f"failing the epilog of job {event['job_id']} so that Slurm drains {node}: {why}")
+        return EXIT_REFUSE
     if refuse:
         log(hook, f"refusing job {event['job_id']}: {event['payload']['health_gate']['reason']}")
         return EXIT_REFUSE

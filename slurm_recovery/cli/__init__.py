@@ -101,6 +101,7 @@ def slurm(ctx: click.Context, as_json: bool) -> None:
         )
         info = {
             "backend": sched.name,
+            "backend_chosen_because": getattr(sched, "chosen_because", ""),
             "cluster": sched.cluster_name(),
             "slurm_version": sched.version(),
             "nodes": [asdict(n) for n in sched.list_nodes()],
@@ -118,6 +119,8 @@ def slurm(ctx: click.Context, as_json: bool) -> None:
     click.echo(
         f"cluster {info['cluster']}  Slurm {info['slurm_version']}  backend {info['backend']}"
     )
+    if info["backend_chosen_because"]:
+        click.echo(f"  ({info['backend_chosen_because']})")
     click.echo(f"\n{'NODE':<12} {'STATE':<12} {'FLAGS':<16} REASON")
     for n in info["nodes"]:
         flags = ",".join(sorted(n["flags"])) or "-"

@@ -47,6 +47,11 @@ def duration_above_zero(value: Any) -> float:
     return seconds
 
 
+def duration_at_least_zero(value: Any) -> float:
+    """A duration of 0 seconds or more."""
+    return parse_duration(value)
+
+
 def boolean(value: Any) -> bool:
     """``true`` or ``false``; a quoted ``"true"`` is refused by name (TOML reads it as text)."""
     if not isinstance(value, bool):
@@ -155,6 +160,8 @@ HOOK_DEFAULTS: Mapping[str, object] = {
     "sidecar.spool_dir": "/var/spool/slurm-recovery",
     "sidecar.poll_interval": 10.0,
     "hooks.health_gate": False,
+    "hooks.epilog_gate": False,
+    "hooks.epilog_gate_wait": 1.0,
     "hooks.controller_timeout": 0.5,
     "hooks.job_dir": "/run/slurm-recovery/jobs/{node}",
     "hooks.nhc": "",
@@ -171,6 +178,8 @@ HOOK_CHECKS: Mapping[str, Check] = {
     "sidecar.spool_dir": node_path,
     "sidecar.poll_interval": duration_above_zero,
     "hooks.health_gate": boolean,
+    "hooks.epilog_gate": boolean,
+    "hooks.epilog_gate_wait": duration_at_least_zero,
     "hooks.controller_timeout": duration_above_zero,
     "hooks.job_dir": job_dir,
     "hooks.nhc": optional_path,

@@ -38,7 +38,10 @@ def scheduler(request, local_cluster, monkeypatch) -> Scheduler:
     ok, why = pyslurm_backend.available()
     if not ok:
         pytest.skip(f"pyslurm backend not testable here: {why}")
-    return pyslurm_backend.PyslurmScheduler()
+    # every call runs in its worker process, bounded by the same TIMEOUT as each command
+    return pyslurm_backend.PyslurmScheduler(
+        timeout=TIMEOUT, slurm_conf=str(local_cluster.slurm_conf)
+    )
 
 
 def running(scheduler: Scheduler, job_id: int):

@@ -613,6 +613,111 @@ def test_the_epilog_never_gates(tmp_path):
     assert hooks.run_hook("epilog", EPILOG_2205, now=NOW, config=config) == 0
 
 
+# ------------------------------------------------- the epilog gate (25.11+ fast path)
+
+
+def epilog_gate(tmp_path: Path, failed: bool = True, now: float = NOW, **hooks_keys):
+    config = make_config(tmp_path, hooks={"epilog_gate": True, **hooks_keys})
+    return hooks.epilog_gate_decision(config, "n2", "debug", failed, now, sleep=lambda s: None)
+
+
+def test_the_epilog_fails_on_a_proven_fault_in_act_mode(tmp_path, capsys):
+    write_health(tmp_path)
+    write_policy(tmp_path)
+    config = make_config(tmp_path, hooks={"epilog_gate": True})
+    assert hooks.run_hook("epilog", EPILOG_2205, now=NOW, config=config) == hooks.EXIT_REFUSE
+    (event,) = node_events(tmp_path)  # the job_end is still sent
+    assert event["kind"] == "job_end"
+    assert event["payload"]["epilog_gate"]["failed"] is True
+    assert "ecc_dbe on GPU 3" in event["payload"]["epilog_gate"]["reason"]
+    assert "so that Slurm drains n2" in capsys.readouterr().err
+
+
+def test_the_epilog_gate_is_off_by_default_and_monitor_mode_passes(tmp_path):
+    write_health(tmp_path)
+    write_policy(tmp_path)
+    assert hooks.run_hook("epilog", EPILOG_2205, now=NOW, config=make_config(tmp_path)) == 0
+    write_policy(tmp_path, 'mode = "monitor"\n')
+    fail, why, fatal = epilog_gate(tmp_path)
+    assert not fail and fatal and "monitor mode" in why
+    config = make_config(tmp_path, hooks={"epilog_gate": True})
+    assert hooks.run_hook("epilog", EPILOG_2205, now=NOW, config=config) == 0
+
+
+def test_the_prolog_gate_does_not_fail_epilogs_nor_the_epilog_gate_prologs(tmp_path):
+    write_health(tmp_path)
+    write_policy(tmp_path)
+    config = make_config(tmp_path, hooks={"epilog_gate": True})
+    assert hooks.run_hook("prolog", PROLOG_2205, now=NOW, config=config) == 0
+
+
+@pytest.mark.parametrize(
+    "trouble", ["missing", "stale", "other_node", "not_json", "no_policy", "crash"]
+)
+def test_the_epilog_gate_fails_open(tmp_path, monkeypatch, trouble):
+    write_policy(tmp_path)
+    if trouble == "stale":
+        write_health(tmp_path, updated_at=NOW - 3600)
+    elif trouble == "other_node":
+        path = write_health(tmp_path)
+        path.write_text(path.read_text().replace('"node": "n2"', '"node": "n7"'))
+    elif trouble == "not_json":
+        write_health(tmp_path).write_text("{")
+    elif trouble == "no_policy":
+        write_health(tmp_path)
+        (tmp_path / "policy.toml").unlink()
+    elif trouble == "crash":
+        write_health(tmp_path)
+
+        def boom(*args, **kwargs):
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(hooks, "_fatal_findings_refusal", boom)
+    config = make_config(tmp_path, hooks={"epilog_gate": True, "epilog_gate_wait": 0})
+    assert hooks.run_hook("epilog", EPILOG_2205, now=NOW, config=config) == 0
+    assert node_events(tmp_path)[0]["kind"] == "job_end"  # the event is never lost
+
+
+def test_a_failed_job_waits_briefly_for_the_finding_a_good_one_does_not(tmp_path):
+    """The XID that ended the job may reach health.json a fast tick after the job's end."""
+    write_policy(tmp_path)
+    write_health(tmp_path, fatal=[])
+    config = make_config(tmp_path, hooks={"epilog_gate": True, "epilog_gate_wait": 1.0})
+    clock = iter(x * 0.05 for x in range(1000))
+    reads = []
+    xid_comes = [True]
+
+    def sleep(seconds):
+        reads.append(seconds)
+        if len(reads) == 3 and xid_comes[0]:  # the sidecar lists the XID meanwhile
+            write_health(tmp_path)
+
+    def decide(failed):
+        return hooks.epilog_gate_decision(
+            config, "n2", "debug", failed, NOW, clock=lambda: next(clock), sleep=sleep
+        )
+
+    assert decide(failed=False)[0] is False and reads == []
+    fail, why, fatal = decide(failed=True)
+    assert "n2" in why and "fatal" in why, why
+    assert fail and fatal and len(reads) == 3
+    write_health(tmp_path, fatal=[])
+    reads.clear()
+    xid_comes[0] = False
+    fail, _why, fatal = decide(failed=True)  # nothing comes: gives up after the wait
+    assert not fail and not fatal
+    assert 0.9 <= sum(reads) <= 1.0 + hooks.EPILOG_GATE_POLL
+
+
+def test_job_failed_reads_slurms_exit_codes():
+    assert hooks.job_failed(EPILOG_2205)  # exit 3
+    assert not hooks.job_failed(
+        {**EPILOG_2205, "SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_EXIT_CODE2": "0:0"}
+    )
+    assert hooks.job_failed({**EPILOG_2205, "SLURM_JOB_EXIT_CODE": "9"})  # SIGKILL
+    assert not hooks.job_failed(PROLOG_2205)  # no exit code given: not known to have failed
+
+
 def test_gate_off_never_refuses(tmp_path):
     write_health(tmp_path)
     write_policy(tmp_path)

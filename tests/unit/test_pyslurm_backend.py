@@ -3,14 +3,19 @@
 pyslurm cannot run here (it needs Slurm 25.11; Debian has 22.05): these tests check what
 can be checked without it -- pyslurm objects to base.Job/base.Node, each operation to the
 exact pyslurm calls, RPCError to the typed errors -- and the shared error table in
-slurm_recovery.scheduler.errors. The model is tests/unit/pyslurm_model/fake_pyslurm.py.
+slurm_recovery.scheduler.errors. The model is tests/unit/pyslurm_model/fake_pyslurm.py; most
+tests run it in this process (``isolate=False``), the worker tests in the backend's own worker
+process (``tests/unit/pyslurm_model/site/pyslurm``), which is what bounds every call.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -60,7 +65,7 @@ def pyslurm(world, monkeypatch):
 
 @pytest.fixture
 def sched(pyslurm, world):
-    scheduler = PyslurmScheduler()
+    scheduler = PyslurmScheduler(isolate=False)  # the model, in this process
     world.calls.clear()
     return scheduler
 
@@ -110,6 +115,8 @@ def test_unavailable_and_unconstructible_without_pyslurm(monkeypatch):
     assert why.startswith("pyslurm does not import: ")
     with pytest.raises(ImportError):
         PyslurmScheduler()
+    with pytest.raises(ImportError):
+        PyslurmScheduler(isolate=False)
 
 
 def test_available_when_major_minor_match(pyslurm, world):
@@ -556,7 +563,48 @@ def array_tasks(world):
     """``--array=0-3``: tasks 0-2 split off as jobs 18-20; task 3 kept the array's id, 17.
     Slurm sends an array's id as every task, 18 first."""
     for job_id, task in ((18, 0), (19, 1), (20, 2), (17, 3)):
-        running_job(world, job_id, array_id=17, array_task_id=task, excluded_nodes=None)
+        running_job(world, job_id, excluded_nodes=None)
+        world.array_task(job_id, 17, task, **world.jobs[job_id])
+
+
+def test_the_model_reads_task_0_as_pyslurm_does(pyslurm, world):
+    # pyslurm's u32_parse turns task 0 into None, like the pending record's NO_VAL; only
+    # array_tasks_waiting (Slurm's array_task_str) tells the two apart (Slurm 25.11.7)
+    world.array_task(5, 2, 0, state="RUNNING")
+    world.array_pending_record(2, "1-3%1")
+    task, record = pyslurm.Job.load(5), pyslurm.Jobs.load().data["testcluster"][2]
+    assert (task.array_id, task.array_task_id, task.array_tasks_waiting) == (2, None, None)
+    assert (record.array_id, record.array_task_id, record.array_tasks_waiting) == (2, None, "1-3")
+    world.job_record(3, state="RUNNING")
+    assert (pyslurm.Job.load(3).array_id, pyslurm.Job.load(3).array_task_id) == (None, None)
+
+
+def test_task_0_is_a_task_and_the_pending_record_is_not(sched, world):
+    """``--array=0-3%1`` with task 0 running: the contract's first array read (issue 27)."""
+    running_job(world, 5, excluded_nodes=None)
+    world.array_task(5, 2, 0, **world.jobs[5])
+    world.array_pending_record(2, "1-3%1")
+    jobs = {j.job_id: j for j in sched.list_jobs()}
+    assert (jobs[5].array_job_id, jobs[5].array_task_id) == (2, 0)
+    assert jobs[5].slurm_address == "2_0" and not jobs[5].pending_array_record
+    assert (jobs[2].array_job_id, jobs[2].array_task_id) == (2, None)
+    assert jobs[2].pending_array_record
+    assert sched.get_job(2).pending_array_record
+    with pytest.raises(InvalidRequest, match="pending record of array 2"):
+        sched.requeue_hold(2)
+    sched.requeue_hold(5)  # task 0's own id names it alone
+    assert ("Job.requeue", 5, {"hold": True}) in world.calls
+
+
+def test_every_running_task_of_an_array_is_listed(sched, world):
+    """``--array=0-1``: task 0 split off as 4, task 1 kept the array's id, 1."""
+    for job_id, task in ((4, 0), (1, 1)):
+        running_job(world, job_id)
+        world.array_task(job_id, 1, task, **world.jobs[job_id])
+    tasks = [j for j in sched.list_jobs() if j.array_job_id == 1]
+    assert sorted((t.job_id, t.array_task_id) for t in tasks) == [(1, 1), (4, 0)]
+    assert all(t.state == "RUNNING" and t.array_task_id is not None for t in tasks)
+    assert sched.get_job(1).slurm_address == "1_1"
 
 
 def test_get_job_of_an_arrays_id_is_the_task_with_that_own_id(sched, world):
@@ -591,7 +639,7 @@ def test_the_task_that_carries_the_arrays_id_is_refused_not_sent(sched, world, s
 
 
 def test_an_arrays_pending_record_is_never_written(sched, world):
-    running_job(world, 17, state="PENDING", array_id=17, array_task_id=None)
+    world.array_pending_record(17, "4-9")
     assert sched.get_job(17).pending_array_record
     with pytest.raises(InvalidRequest, match="pending record of array 17"):
         sched.release(17)
@@ -602,3 +650,197 @@ def test_batch_flag_is_read(sched, world):
     running_job(world, 7, is_batch_job=False)
     running_job(world, 8, is_batch_job=True)
     assert [j.batch for j in sched.list_jobs()] == [False, True]
+
+
+# --- the worker process: every call bounded by the timeout (issue 27) ----------------------
+# The backend runs pyslurm in a child process, which here imports the same model as
+# ``pyslurm`` (tests/unit/pyslurm_model/site/pyslurm) over a World written to a file.
+
+SITE = Path(__file__).parent / "pyslurm_model" / "site"
+
+
+@pytest.fixture
+def worker_world(tmp_path, monkeypatch):
+    """Write a World for the worker's model; returns (write(**fields), calls())."""
+    world_file, calls_file = tmp_path / "world.json", tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_PYSLURM_WORLD", str(world_file))
+    monkeypatch.setenv("FAKE_PYSLURM_CALLS", str(calls_file))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delitem(sys.modules, "pyslurm", raising=False)
+    monkeypatch.syspath_prepend(str(SITE))  # where this process finds (not imports) pyslurm
+
+    def write(**fields):
+        world = model.World()
+        running_job(world, 7)
+        world.node_record("n1", state="IDLE", partitions=["debug"])
+        values = {"jobs": world.jobs, "nodes": world.nodes, **fields}
+        world_file.write_text(json.dumps(values))
+
+    def calls():
+        if not calls_file.exists():
+            return []
+        return [tuple(json.loads(line)) for line in calls_file.read_text().splitlines()]
+
+    write()
+    return write, calls
+
+
+@pytest.fixture
+def isolated(worker_world):
+    scheduler = PyslurmScheduler(timeout=10.0)
+    yield scheduler
+    scheduler.close()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as fh:  # reaped by us, or a zombie of someone else's
+        return fh.read().split()[2] == "Z"
+
+
+def test_the_worker_runs_the_calls_and_sends_back_our_records(isolated, worker_world):
+    _, calls = worker_world
+    assert isolated.worker_pid is None  # started on the first call
+    job = isolated.get_job(7)
+    assert (job.job_id, job.nodes, job.excluded_nodes) == (7, ("m7", "n1", "n2"), {"n4"})
+    assert [n.name for n in isolated.list_nodes()] == ["n1"]
+    isolated.drain_node("n1", "xid 79")
+    assert isolated.get_node("n1").drained
+    pid = isolated.worker_pid
+    assert pid is not None and pid != os.getpid()
+    assert calls() == [
+        ("Job.load", 7),
+        ("Nodes.load",),
+        ("Node.modify", "n1", {"state": "DRAIN", "reason": "xid 79"}),
+        ("Node.load", "n1"),
+    ]
+    assert isolated.worker_pid == pid  # one worker for every call
+    isolated.close()
+    assert _gone(pid) and isolated.worker_pid is None
+
+
+def test_slurms_refusal_crosses_the_process_as_the_typed_error(worker_world):
+    write, _ = worker_world
+    write(fail={"Job.requeue": ["RPCError", 2024], "Job.release": ["RuntimeError", "bug"]})
+    scheduler = PyslurmScheduler(timeout=10.0)
+    try:
+        with pytest.raises(UnknownJob) as err:
+            scheduler.get_job(99)
+        assert err.value.slurm_message == "Invalid job id specified"
+        assert err.value.command == "pyslurm.Job.load(99)"
+        with pytest.raises(UnknownNode, match="read node zz9 failed"):
+            scheduler.get_node("zz9")
+        with pytest.raises(InvalidRequest) as refused:
+            scheduler.requeue_hold(7)
+        assert refused.value.slurm_message == "Job is pending execution"
+        with pytest.raises(RuntimeError, match="RuntimeError: bug"):
+            scheduler.release(7)  # a bug is not a refusal: not swallowed
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        lambda s: s.get_job(7),  # Job.load: two RPCs, 2 x MessageTimeout in libslurm
+        lambda s: s.list_nodes(),
+        lambda s: s.drain_node("n1", "test"),
+        lambda s: s.requeue_hold(7),
+    ],
+)
+def test_slurmctld_down_is_unreachable_within_the_timeout(worker_world, step):
+    """What the contract met on 25.11.7: Job.load took 20 s (limit 11 s). libslurm waits
+    MessageTimeout per RPC with the GIL held; only the worker's deadline bounds it."""
+    write, _ = worker_world
+    write(slurmctld_down=True, msg_timeout=30.0)
+    scheduler = PyslurmScheduler(timeout=1.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(Unreachable, match="did not finish within 1s"):
+            step(scheduler)
+        assert time.monotonic() - started < 1.0 + 1.0  # the deadline, and the kill
+        assert scheduler.worker_pid is None  # the stuck worker was killed ...
+        write()  # ... slurmctld is back
+        scheduler.timeout = 10.0  # (a loaded test host may take over 1 s to start Python)
+        assert scheduler.get_job(7).job_id == 7  # ... and a fresh worker answers
+    finally:
+        scheduler.close()
+
+
+def test_the_stuck_worker_is_killed_not_left_behind(worker_world):
+    write, calls = worker_world
+    write(slurmctld_down=True, msg_timeout=30.0)
+    scheduler = PyslurmScheduler(timeout=1.0)
+    pids = []
+    original = scheduler._runner._start
+
+    def start(deadline):
+        original(deadline)
+        pids.append(scheduler.worker_pid)
+
+    scheduler._runner._start = start
+    with pytest.raises(Unreachable):
+        scheduler.list_jobs()
+    assert len(pids) == 1 and _gone(pids[0])
+    assert calls() == [("Jobs.load",)]
+
+
+def test_a_call_waiting_behind_a_stuck_one_keeps_its_own_deadline(worker_world):
+    """The controller's node listing thread and its loop share one scheduler."""
+    write, _ = worker_world
+    write(slurmctld_down=True, msg_timeout=30.0)
+    scheduler = PyslurmScheduler(timeout=1.0)
+    errors: list[BaseException] = []
+
+    def listing():
+        try:
+            scheduler.list_nodes()
+        except BaseException as exc:
+            errors.append(exc)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=listing)
+    thread.start()
+    time.sleep(0.2)
+    with pytest.raises(Unreachable):
+        scheduler.get_job(7)
+    thread.join()
+    assert time.monotonic() - started < 1.0 + 0.2 + 1.5
+    assert len(errors) == 1 and isinstance(errors[0], Unreachable)
+    scheduler.close()
+
+
+def test_in_this_process_the_call_waits_as_long_as_libslurm(pyslurm, world):
+    """isolate=False has no bound: the model's Job.load waits 2 x MessageTimeout, as real
+    pyslurm did (20 s on 25.11.7), so production never runs pyslurm in-process."""
+    world.slurmctld_down, world.msg_timeout = True, 0.3
+    scheduler = PyslurmScheduler(timeout=0.1, isolate=False)
+    started = time.monotonic()
+    with pytest.raises(Unreachable) as err:
+        scheduler.get_job(7)
+    assert time.monotonic() - started >= 0.6
+    assert err.value.slurm_message == "Unable to contact slurm controller (connect failure)"
+
+
+def test_a_worker_that_cannot_start_pyslurm_is_an_error_not_a_hang(worker_world, monkeypatch):
+    # real pyslurm's slurm_init() ends the process on a fatal slurm.conf error
+    monkeypatch.setenv("FAKE_PYSLURM_EXIT", "1")
+    scheduler = PyslurmScheduler(timeout=5.0)
+    started = time.monotonic()
+    with pytest.raises(SchedulerError, match=r"exited \(status 1\) without answering") as err:
+        scheduler.list_jobs()
+    assert type(err.value) is SchedulerError and time.monotonic() - started < 5.0
+    monkeypatch.delenv("FAKE_PYSLURM_EXIT")
+    scheduler.env.pop("FAKE_PYSLURM_EXIT")
+    scheduler.timeout = 10.0
+    assert [j.job_id for j in scheduler.list_jobs()] == [7]  # a fresh worker, next call
+    scheduler.close()
+
+
+def test_slurm_conf_reaches_the_worker(worker_world, tmp_path):
+    scheduler = PyslurmScheduler(slurm_conf=str(tmp_path / "slurm.conf"))
+    assert scheduler.env["SLURM_CONF"] == str(tmp_path / "slurm.conf")
+    assert scheduler.timeout == 15.0  # scheduler.command_timeout's default

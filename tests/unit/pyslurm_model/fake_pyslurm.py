@@ -25,6 +25,24 @@ modelled, with pyslurm's exact names, signatures and value shapes:
   ``partitions`` (a list).
 - ``RPCError(errno=SLURM_ERROR, msg=None)``: pyslurm/core/error.pyx l.72-101, message
   from ``slurm_strerror(errno)`` unless ``msg`` is given.
+- Array records: a record holds Slurm's own ``slurm_job_info_t`` fields ``array_job_id``,
+  ``array_task_id`` (NO_VAL in an array's pending record) and ``array_task_str`` (set by
+  slurmctld only in the pending record, e.g. ``"1-3%1"``); the properties compute what
+  pyslurm returns from them (job.pyx l.1127-1149): ``array_id`` and ``array_task_id`` are
+  ``u32_parse(...)``, whose ``zero_is_noval`` gives **None for task 0** as for NO_VAL;
+  ``array_tasks_waiting`` is ``array_task_str`` less its ``%N``, None when unset. Checked on
+  Slurm 25.11.7 (``--array=0-3%1``: task 0 read ``array_id=2, array_task_id=None,
+  array_tasks_waiting=None``, the pending record ``array_id=2, array_task_id=None,
+  array_tasks_waiting='1-3'``).
+- slurmctld down (``World.slurmctld_down``): each RPC fails with errno 1800 ("Unable to
+  contact slurm controller (connect failure)") after libslurm retried the connection for
+  MessageTimeout (``World.msg_timeout``, Slurm's default 10 s: slurm_protocol_api.c
+  _open_controller). ``Job.load`` makes two (``slurm_load_job`` asks
+  ``slurm_load_federation`` first, src/api/job_info.c), so it fails after 2 x MessageTimeout:
+  20.0 s measured on 25.11.7; every other call here fails on its first RPC (10.0 s). Real
+  pyslurm holds the GIL all that time (no ``nogil`` in its .pxd files: a thread's deadline
+  cannot fire); the model's ``time.sleep`` does not, so the bound is tested through the
+  backend's worker process (``site/pyslurm``), the one thing that bounds the real call.
 - ``slurmctld.Config.load()`` with ``cluster_name`` and ``version``:
   pyslurm/core/slurmctld/config.pyx l.200, l.383, l.1190. ``__version__``: version.py.
 
@@ -80,8 +98,8 @@ PUBLIC_SUBMIT_FIELDS = frozenset({
 })
 # fmt: on
 
-#: Job properties modelled (a subset of job.pyx l.673-1152); each None when Slurm left it
-#: unset, as pyslurm returns it.
+#: Job properties modelled (a subset of job.pyx l.673-1152), held as pyslurm returns them
+#: (None when Slurm left them unset); the array properties are computed (ARRAY_FIELDS).
 JOB_FIELDS = (
     "name",
     "user_name",
@@ -104,9 +122,35 @@ JOB_FIELDS = (
     "is_requeueable",  # job.pyx:742
     "required_nodes",  # job.pyx:846
     "is_batch_job",  # job.pyx:750 (batch_flag)
-    "array_id",  # job.pyx:1127 (array_job_id)
-    "array_task_id",  # job.pyx:1135
 )
+
+NO_VAL = 0xFFFFFFFE  # slurm.h: an unset uint32_t
+
+
+def u32_parse(val: int, zero_is_noval: bool = True) -> int | None:
+    """pyslurm/utils/uint.pyx u32_parse: None for NO_VAL, and for 0 unless told otherwise."""
+    if val == NO_VAL or (val == 0 and zero_is_noval):
+        return None
+    return val
+
+
+def _tasks_waiting(task_str: str | None) -> str | None:
+    if not task_str:
+        return None
+    return task_str[: task_str.rindex("%")] if "%" in task_str else task_str
+
+
+#: Slurm's slurm_job_info_t array fields a record holds (defaults: not an array), and the
+#: pyslurm properties computed from them (job.pyx l.1127-1149).
+ARRAY_RECORD_DEFAULTS = {"array_job_id": 0, "array_task_id": NO_VAL, "array_task_str": None}
+ARRAY_FIELDS = {
+    "array_id": lambda r: u32_parse(r["array_job_id"]),
+    "array_task_id": lambda r: u32_parse(r["array_task_id"]),
+    "array_tasks_waiting": lambda r: _tasks_waiting(r["array_task_str"]),
+}
+
+#: RPCs each modelled call sends before its first can fail (pyslurm, then libslurm 25.11).
+RPCS = {"Job.load": 2}  # slurm_load_federation, then REQUEST_JOB_INFO_SINGLE
 
 #: node.pyx: properties with a setter (l.424-669); others are read-only.
 NODE_SETTABLE = frozenset(
@@ -159,12 +203,26 @@ class World:
     fail: dict[str, Exception] = field(default_factory=dict)
     #: False plays a slurmctld that drops the update (as it does while COMPLETING).
     apply_begin_time: bool = True
+    #: slurmctld not running: every RPC fails after ``msg_timeout`` seconds (see above).
+    slurmctld_down: bool = False
+    msg_timeout: float = 10.0
 
     def job_record(self, job_id: int, **values: Any) -> dict[str, Any]:
-        record = dict.fromkeys(JOB_FIELDS)
+        record = {**dict.fromkeys(JOB_FIELDS), **ARRAY_RECORD_DEFAULTS}
         record.update(values)
         self.jobs[job_id] = record
         return record
+
+    def array_task(self, job_id: int, array_id: int, task: int, **values: Any) -> dict[str, Any]:
+        """A started task of array ``array_id`` (``array_id_task``), as slurmctld holds it."""
+        return self.job_record(
+            job_id, **{**values, "array_job_id": array_id, "array_task_id": task}
+        )
+
+    def array_pending_record(self, array_id: int, waiting: str, **values: Any) -> dict[str, Any]:
+        """The array's record of tasks not started yet (``17_[1-3%1]``: ``waiting="1-3%1"``)."""
+        array = {"array_job_id": array_id, "array_task_id": NO_VAL, "array_task_str": waiting}
+        return self.job_record(array_id, **{"state": "PENDING", **values, **array})
 
     def node_record(self, name: str, **values: Any) -> dict[str, Any]:
         record = {"state": "IDLE", "reason": None, "partitions": []}
@@ -178,6 +236,10 @@ def build(world: World) -> types.ModuleType:
 
     def call(method: str, *args: Any) -> None:
         world.calls.append((method, *args))
+        if world.slurmctld_down:
+            # libslurm retries each RPC's connection for MessageTimeout, GIL held
+            time.sleep(world.msg_timeout * RPCS.get(method, 1))
+            raise RPCError(1800)
         if method in world.fail:
             raise world.fail[method]
 
@@ -209,11 +271,13 @@ def build(world: World) -> types.ModuleType:
             self._record: dict[str, Any] | None = None  # Job(id): no data, as in pyslurm
 
         def __getattr__(self, name: str) -> Any:
-            if name in JOB_FIELDS:
+            if name in JOB_FIELDS or name in ARRAY_FIELDS:
                 if self._record is None:
                     raise AssertionError(
                         f"read Job({self._id}).{name} from a Job that was never loaded"
                     )
+                if name in ARRAY_FIELDS:
+                    return ARRAY_FIELDS[name](self._record)
                 return self._record[name]
             raise AttributeError(f"'pyslurm.Job' object has no attribute '{name}'")
 
@@ -225,7 +289,7 @@ def build(world: World) -> types.ModuleType:
         def load(job_id: int) -> Job:
             call("Job.load", job_id)
             # slurm_load_job of an array's id sends every task; pyslurm keeps job_array[0]
-            tasks = [i for i, r in world.jobs.items() if r.get("array_id") == job_id]
+            tasks = [i for i, r in world.jobs.items() if r["array_job_id"] == job_id]
             if job_id not in world.jobs and not tasks:
                 raise RPCError(2017)
             first = tasks[0] if tasks else job_id
