@@ -794,7 +794,6 @@ def _run_node(hook: str, config: HookConfig, env: Mapping[str, str], now: float)
             hook, f"job {event['job_id']}: cannot spool the {event['kind']} event in {spool}: {exc}"
         )
     if refuse and hook == "epilog":
-        why = event["payload"]["epilog_gate"]["reason"]
         log(hook, f"failing the epilog of job {event['job_id']} so that Slurm drains {node}: {why}")
         return EXIT_REFUSE
     if refuse:

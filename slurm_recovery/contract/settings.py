@@ -47,11 +47,6 @@ def duration_above_zero(value: Any) -> float:
     return seconds
 
 
-def duration_at_least_zero(value: Any) -> float:
-    """A duration of 0 seconds or more."""
-    return parse_duration(value)
-
-
 def boolean(value: Any) -> bool:
     """``true`` or ``false``; a quoted ``"true"`` is refused by name (TOML reads it as text)."""
     if not isinstance(value, bool):
@@ -179,7 +174,7 @@ HOOK_CHECKS: Mapping[str, Check] = {
     "sidecar.poll_interval": duration_above_zero,
     "hooks.health_gate": boolean,
     "hooks.epilog_gate": boolean,
-    "hooks.epilog_gate_wait": duration_at_least_zero,
+    "hooks.epilog_gate_wait": parse_duration,  # 0 s or more
     "hooks.controller_timeout": duration_above_zero,
     "hooks.job_dir": job_dir,
     "hooks.nhc": optional_path,

@@ -286,6 +286,9 @@ class SchedulerSteps:
     rules that make each step safe to repeat and never silent live here, once.
     """
 
+    #: why open_scheduler chose this backend (shown by ``srecovery slurm``)
+    chosen_because = ""
+
     def get_job(self, job_id: int) -> Job:
         raise NotImplementedError
 

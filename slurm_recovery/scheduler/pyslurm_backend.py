@@ -476,8 +476,6 @@ class PyslurmScheduler(SchedulerSteps):
     """
 
     name = "pyslurm"
-    #: why open_scheduler chose this backend (shown by ``srecovery slurm``)
-    chosen_because = ""
 
     def __init__(
         self, timeout: float = 15.0, *, slurm_conf: str = "", isolate: bool = True

@@ -52,8 +52,6 @@ class ScontrolScheduler(SchedulerSteps):
     """:class:`~slurm_recovery.scheduler.base.Scheduler` over squeue/sinfo/scontrol/scancel."""
 
     name = "scontrol"
-    #: why open_scheduler chose this backend (shown by ``srecovery slurm``)
-    chosen_because = ""
 
     def __init__(self, *, timeout: float = 15.0, bin_dir: str = "", slurm_conf: str = "") -> None:
         self.timeout = timeout
