@@ -628,7 +628,8 @@ class HooksConfig(_Section):
         Duration,
         msgspec.Meta(
             description="With hooks.epilog_gate, how long the Epilog of a job that failed "
-            "waits for the sidecar to list a fatal finding it may not have read yet."
+            "waits for the sidecar to list a fatal finding it may not have read yet, at most "
+            "(it ends once the sidecar has read its sources after the job's end)."
         ),
     ] = _hook_default(Duration, "hooks.epilog_gate_wait")
     controller_timeout: Annotated[

@@ -483,14 +483,22 @@ def _fatal_findings_refusal(
 ) -> tuple[bool, str, list[dict[str, Any]]]:
     """``(refuse, why, fatal findings)`` from the sidecar's health file and the policy's
     mode, for the prolog's gate and the epilog's alike (conditions 2-5 of docs/hooks.md)."""
+    return _judge_health(config, node, partition, now)[:3]
+
+
+def _judge_health(
+    config: HookConfig, node: str, partition: str, now: float
+) -> tuple[bool, str, list[dict[str, Any]], dict[str, Any] | None]:
+    """:func:`_fatal_findings_refusal`, plus the health file it judged (None when it could
+    not be used), so that a waiting epilog reads one version of it, not two."""
     path = os.path.join(config.sidecar_spool(node), HEALTH_FILE)
     try:
         health = read_health(path)
     except HookError as exc:
-        return False, f"{exc}: failing open", []
+        return False, f"{exc}: failing open", [], None
     owner = health.get("node")
     if owner not in (None, "", node):
-        return False, f"{path} is about node {owner!r}, not {node!r}: failing open", []
+        return False, f"{path} is about node {owner!r}, not {node!r}: failing open", [], None
     age = now - float(health["updated_at"])
     fresh_for = HEALTH_FRESH_POLLS * config["sidecar.poll_interval"]
     if abs(age) > fresh_for:
@@ -498,10 +506,11 @@ def _fatal_findings_refusal(
             False,
             f"{path} is stale ({age:.0f}s old, fresh for {fresh_for:g}s): failing open",
             [],
+            None,
         )
     fatal = [dict(f) for f in health.get("fatal", [])]
     if not fatal:
-        return False, "no open fatal finding", []
+        return False, "no open fatal finding", [], health
     findings = "; ".join(_describe(f) for f in fatal[:4])
     if len(fatal) > 4:
         findings += f"; and {len(fatal) - 4} more"
@@ -509,7 +518,7 @@ def _fatal_findings_refusal(
     refuse, why = refusal_in_act_mode(config, partition, node, problem)
     if refuse:
         why = f"node {node} has {problem}"
-    return refuse, why, fatal
+    return refuse, why, fatal, health
 
 
 def refusal_in_act_mode(
@@ -549,6 +558,7 @@ def epilog_gate_decision(
     failed: bool,
     now: float,
     *,
+    spooled_at: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[bool, str, list[dict[str, Any]]]:
@@ -560,7 +570,11 @@ def epilog_gate_decision(
     ("Epilog error"), and on Slurm 25.11+ makes slurmctld requeue a ``--requeue=expedite`` job
     at once, which is Slurm's fastest path back to running. When the job ``failed`` and no
     finding is listed yet, the sidecar may not have read the XID that ended it: wait up to
-    ``hooks.epilog_gate_wait`` for one, re-reading the file. Fails open like the prolog's.
+    ``hooks.epilog_gate_wait`` for one, re-reading the file, and no longer than it takes the
+    sidecar to read its fault sources once after the job's ``job_end`` reached its spool at
+    ``spooled_at`` (its ``fast_read_at``): the fault came before the job's end, so a read after
+    it that lists nothing means nothing is coming, and a healthy node's Epilog need not sit out
+    the whole wait. Fails open like the prolog's.
     """
     if not config["hooks.epilog_gate"]:
         return False, "epilog gate off", []
@@ -568,10 +582,20 @@ def epilog_gate_decision(
     started = clock()
     while True:
         waited = clock() - started
-        refuse, why, fatal = _fatal_findings_refusal(config, node, partition, now + waited)
-        if fatal or waited >= wait:
+        refuse, why, fatal, health = _judge_health(config, node, partition, now + waited)
+        if fatal or waited >= wait or _read_after(health, spooled_at):
             return refuse, why, fatal
         sleep(min(EPILOG_GATE_POLL, wait - waited))
+
+
+def _read_after(health: Mapping[str, Any] | None, spooled_at: float | None) -> bool:
+    """Whether the sidecar read its fault sources after ``spooled_at`` (``fast_read_at``)."""
+    if health is None or spooled_at is None:
+        return False
+    read_at = health.get("fast_read_at")
+    return (
+        isinstance(read_at, int | float) and not isinstance(read_at, bool) and read_at >= spooled_at
+    )
 
 
 #: Lines, and characters of each, of the site health check's output kept in ``job_start``.
@@ -758,7 +782,7 @@ def _run_node(hook: str, config: HookConfig, env: Mapping[str, str], now: float)
             refuse, why, fatal = gate_decision(config, node, partition, now)
         except Exception as exc:  # fail open
             refuse, why, fatal = False, f"health gate failed ({exc}): failing open", []
-        if fatal or "failing open" in why:
+        if not refuse and (fatal or "failing open" in why):
             log(hook, f"job {event['job_id']} allowed on {node}: {why}")
         nhc: dict[str, Any] | None = None
         if config["hooks.nhc"] and not refuse:  # refused already: no need to wait for it
@@ -774,25 +798,29 @@ def _run_node(hook: str, config: HookConfig, env: Mapping[str, str], now: float)
             if nhc is not None:
                 gate["nhc"] = nhc
             event["payload"]["health_gate"] = gate
-    if hook == "epilog" and config["hooks.epilog_gate"]:
-        partition = env.get("SLURM_JOB_PARTITION", "")
-        try:
-            refuse, why, fatal = epilog_gate_decision(config, node, partition, job_failed(env), now)
-        except Exception as exc:  # fail open
-            refuse, why, fatal = False, f"epilog gate failed ({exc}): failing open", []
-        if not refuse and (fatal or "failing open" in why):
-            log(hook, f"job {event['job_id']}: epilog passes on {node}: {why}")
-        if refuse:
-            event["payload"]["epilog_gate"] = {"failed": True, "reason": why, "fatal": fatal}
     if hook == "prolog" and not refuse:  # before job_start: the sidecar finds it in place
         make_job_dir(config, env, node, event["job_id"])
     spool = config.sidecar_spool(node)
+    spooled_at: float | None = None
     try:
         spool_event(spool, event)
+        spooled_at = time.time()
     except OSError as exc:
         log(
             hook, f"job {event['job_id']}: cannot spool the {event['kind']} event in {spool}: {exc}"
         )
+    if hook == "epilog" and config["hooks.epilog_gate"]:
+        # after the job_end is spooled: the sidecar, reading it, says when it last read the
+        # fault sources, which may end a failed job's wait early (epilog_gate_decision)
+        partition = env.get("SLURM_JOB_PARTITION", "")
+        try:
+            refuse, why, fatal = epilog_gate_decision(
+                config, node, partition, job_failed(env), now, spooled_at=spooled_at
+            )
+        except Exception as exc:  # fail open
+            refuse, why, fatal = False, f"epilog gate failed ({exc}): failing open", []
+        if not refuse and (fatal or "failing open" in why):
+            log(hook, f"job {event['job_id']}: epilog passes on {node}: {why}")
     if refuse and hook == "epilog":
         log(hook, f"failing the epilog of job {event['job_id']} so that Slurm drains {node}: {why}")
         return EXIT_REFUSE

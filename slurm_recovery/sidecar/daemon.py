@@ -83,6 +83,8 @@ class Health:
         self.catalogue = catalogue
         self.boot_id = boot_id
         self.open: dict[tuple[str, int | None], dict[str, Any]] = {}
+        #: When the fast sources (XIDs, the hook spool) were last read, for a waiting Epilog.
+        self.fast_read_at: float | None = None
         self._lock = threading.Lock()
         self._load()
 
@@ -153,7 +155,14 @@ class Health:
             fatal = sorted(
                 self.open.values(), key=lambda e: (e["check"], -1 if e["gpu"] is None else e["gpu"])
             )
-            doc = {"updated_at": now, "node": self.node, "boot_id": self.boot_id, "fatal": fatal}
+            doc: dict[str, Any] = {
+                "updated_at": now,
+                "node": self.node,
+                "boot_id": self.boot_id,
+                "fatal": fatal,
+            }
+            if self.fast_read_at is not None:
+                doc["fast_read_at"] = self.fast_read_at
             tmp = self.path.with_name(self.path.name + ".tmp")
             with open(tmp, "w") as fh:
                 json.dump(doc, fh, indent=1)
@@ -280,8 +289,18 @@ class Sidecar:
     # --- ticks -----------------------------------------------------------------------------
 
     def tick_fast(self, now: float) -> None:
+        ended = False
         for source in self.registry.fast:
-            self.collect(source, now)
+            ended |= any(f.kind == "job_end" for f in self.collect(source, now))
+        if ended:
+            # The job's Epilog may be waiting for the fault that ended it (hooks.epilog_gate):
+            # read the fast sources once more, now that its job_end is in, and say when, so
+            # that a read listing nothing ends its wait (hooks.epilog_gate_decision).
+            again = time.time()
+            for source in self.registry.fast:
+                self.collect(source, again)
+            self.health.fast_read_at = again
+            self._write_health(again)
 
     def tick_slow(self, now: float) -> None:
         for source in self.registry.slow:

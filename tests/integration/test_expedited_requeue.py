@@ -184,7 +184,9 @@ def test_the_epilog_gate_lets_slurm_requeue_the_expedited_job_without_the_node(
     "Epilog error", whichever lands first, 1 run in 3 the tool's here)."""
     config = stack.base / "config.toml"
     before = config.read_text()
-    config.write_text(before + "epilog_gate = true\nepilog_gate_wait = 0.5\n")  # [hooks] is last
+    # a long wait, which the healthy node's Epilog must not sit out: it passes once its sidecar
+    # has read the fault sources after the job's end and found nothing
+    config.write_text(before + "epilog_gate = true\nepilog_gate_wait = 10\n")  # [hooks] is last
     flag = Path(tempfile.mkdtemp(prefix="srecovery-gate-"))
     flag.chmod(0o777)
     script = f"while [ ! -e {flag}/$SLURMD_NODENAME ]; do sleep 0.05; done; exit 1"
@@ -203,17 +205,26 @@ def test_the_epilog_gate_lets_slurm_requeue_the_expedited_job_without_the_node(
         )
         (flag / bad).touch()
         crashed = time.monotonic()
+        # Slurm requeues it once every Epilog is done: this is what the wait would delay
+        wait_for(lambda: sched.get_job(job_id).restart_count >= 1, timeout=30, interval=0.05)
+        requeued = time.monotonic() - crashed
+        # then it starts at Slurm's next scheduling pass: at once, or (a step still cleaning up
+        # when it was requeued, seen here under load) at the next backfill pass, up to 30 s
         again = wait_for(
             lambda: (j := sched.get_job(job_id)).state == "RUNNING" and j.restart_count >= 1 and j,
             timeout=60,
-            interval=0.1,
+            interval=0.05,
         )
         took = time.monotonic() - crashed
         time.sleep(3)  # more passes: no second restart
         again = sched.get_job(job_id)
         node = sched.get_node(bad)
-        print(f"running again {took:.2f} s after the crash; {bad}: {node.reason!r}")
+        print(
+            f"requeued {requeued:.2f} s, running again {took:.2f} s after the crash; "
+            f"{bad}: {node.reason!r}"
+        )
         assert again.restart_count == 1 and bad not in again.nodes, again
+        assert requeued < 5, f"{requeued:.1f} s: the healthy node's Epilog sat out the 10 s wait"
         # Slurm's drain ("Epilog error") or the tool's, whichever came first: both see the XID
         assert node.drained and (node.reason == "Epilog error" or "xid 79" in node.reason), node
     finally:

@@ -602,7 +602,9 @@ def test_refusal_exits_1_and_spools_the_reason(tmp_path, capsys):
     assert event["kind"] == "job_start"
     gate_info = event["payload"]["health_gate"]
     assert gate_info["refused"] is True and "ecc_dbe" in gate_info["reason"]
-    assert "refusing job 41" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "refusing job 41" in err
+    assert "allowed" not in err  # one line, and it says what happened
     assert not job_dir(tmp_path).exists()  # the job does not start here
 
 
@@ -626,11 +628,10 @@ def test_the_epilog_fails_on_a_proven_fault_in_act_mode(tmp_path, capsys):
     write_policy(tmp_path)
     config = make_config(tmp_path, hooks={"epilog_gate": True})
     assert hooks.run_hook("epilog", EPILOG_2205, now=NOW, config=config) == hooks.EXIT_REFUSE
-    (event,) = node_events(tmp_path)  # the job_end is still sent
+    (event,) = node_events(tmp_path)  # the job_end is still sent, before the gate decides
     assert event["kind"] == "job_end"
-    assert event["payload"]["epilog_gate"]["failed"] is True
-    assert "ecc_dbe on GPU 3" in event["payload"]["epilog_gate"]["reason"]
-    assert "so that Slurm drains n2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "so that Slurm drains n2" in err and "ecc_dbe on GPU 3" in err
 
 
 def test_the_epilog_gate_is_off_by_default_and_monitor_mode_passes(tmp_path):
@@ -672,7 +673,7 @@ def test_the_epilog_gate_fails_open(tmp_path, monkeypatch, trouble):
         def boom(*args, **kwargs):
             raise RuntimeError("a bug")
 
-        monkeypatch.setattr(hooks, "_fatal_findings_refusal", boom)
+        monkeypatch.setattr(hooks, "_judge_health", boom)
     config = make_config(tmp_path, hooks={"epilog_gate": True, "epilog_gate_wait": 0})
     assert hooks.run_hook("epilog", EPILOG_2205, now=NOW, config=config) == 0
     assert node_events(tmp_path)[0]["kind"] == "job_end"  # the event is never lost
@@ -706,6 +707,45 @@ def test_a_failed_job_waits_briefly_for_the_finding_a_good_one_does_not(tmp_path
     xid_comes[0] = False
     fail, _why, fatal = decide(failed=True)  # nothing comes: gives up after the wait
     assert not fail and not fatal
+    assert 0.9 <= sum(reads) <= 1.0 + hooks.EPILOG_GATE_POLL
+
+
+def test_a_failed_jobs_wait_ends_once_the_sidecar_read_its_sources_after_the_job_end(tmp_path):
+    """A healthy node's Epilog need not sit out the whole wait: once the sidecar has read the
+    fault sources after the job_end reached its spool (fast_read_at) and lists nothing, no
+    finding is coming. A read from before the job_end, or none at all, does not end it."""
+    write_policy(tmp_path)
+    config = make_config(tmp_path, hooks={"epilog_gate": True, "epilog_gate_wait": 1.0})
+    clock = iter(x * 0.05 for x in range(1000))
+    reads = []
+
+    def sleep(seconds):
+        reads.append(seconds)
+        if len(reads) == 2:  # the sidecar's next fast tick, after the job_end was spooled
+            write_health(tmp_path, fatal=[], fast_read_at=NOW + 0.3)
+
+    def decide(spooled_at):
+        reads.clear()
+        return hooks.epilog_gate_decision(
+            config,
+            "n2",
+            "debug",
+            True,
+            NOW,
+            spooled_at=spooled_at,
+            clock=lambda: next(clock),
+            sleep=sleep,
+        )
+
+    write_health(tmp_path, fatal=[], fast_read_at=NOW - 5)  # read before the job ended
+    fail, why, fatal = decide(spooled_at=NOW + 0.1)
+    assert not fail and not fatal and why == "no open fatal finding"
+    assert len(reads) == 2, reads  # ended at the first read after the spool, not at 1 s
+    write_health(tmp_path, fatal=[], fast_read_at=NOW - 5)
+    decide(spooled_at=NOW + 0.5)  # the tick of NOW + 0.3 came before this job_end: waits on
+    assert 0.9 <= sum(reads) <= 1.0 + hooks.EPILOG_GATE_POLL
+    write_health(tmp_path, fatal=[], fast_read_at=True)  # not a time
+    decide(spooled_at=None)  # the job_end could not be spooled: the whole wait
     assert 0.9 <= sum(reads) <= 1.0 + hooks.EPILOG_GATE_POLL
 
 
@@ -1529,3 +1569,68 @@ def test_the_hot_path_imports_neither_the_config_module_nor_clustershell(tmp_pat
     assert done.stdout.strip() == "[]"
     assert len(node_events(tmp_path)) == 2
     assert "export SRECOVERY_PROGRESS_FILE=" in done.stderr  # the task prolog ran through
+
+
+# ------------------------------------- the epilog gate beside a real sidecar (sim GPUs)
+
+
+class _Dropping:
+    """A controller that takes nothing: the events stay in the outbox."""
+
+    def post_evidence(self, events, role="sidecar"):
+        raise OSError("no controller here")
+
+
+@pytest.mark.parametrize("xid", [False, True])
+def test_the_epilog_gate_beside_a_ticking_sidecar(tmp_path, xid):
+    """A failed job's Epilog, the node's sidecar ticking meanwhile: with no fault it passes at
+    the sidecar's first read after the job_end, not after the whole wait (30 s here); with the
+    XID that ended the job in the sim, it fails the node."""
+    import threading
+
+    from slurm_recovery.config import SidecarConfig
+    from slurm_recovery.sidecar import registry
+    from slurm_recovery.sidecar.daemon import Sidecar
+    from slurm_recovery.sidecar.outbox import Outbox, Sender
+    from slurm_recovery.sidecar.sim import inject
+
+    write_policy(tmp_path)
+    side = SidecarConfig(
+        gpu_backend="sim", sim_dir=tmp_path / "sim", sim_gpus=2, kmsg=False, ib_sysfs=""
+    )
+    spool = tmp_path / "spool" / "n2"
+    wired = registry.build(side, "n2", spool, f"{tmp_path}/jobs/{{node}}")
+    box = Outbox(spool / "outbox", 1000)
+    from slurm_recovery.signals.xid import load_xid_catalogue
+
+    sender = Sender(box, _Dropping(), "n2")
+    sidecar = Sidecar(
+        *("n2", wired, box, sender, spool),
+        fast_interval=0.05,
+        poll_interval=1,
+        catalogue=load_xid_catalogue(),
+    )
+    sidecar.tick_slow(time.time())  # health.json as a running sidecar keeps it
+    stop = threading.Event()
+
+    def ticking():
+        while not stop.wait(0.05):
+            sidecar.tick_fast(time.time())
+
+    ticker = threading.Thread(target=ticking, daemon=True)
+    ticker.start()
+    config = make_config(tmp_path, hooks={"epilog_gate": True, "epilog_gate_wait": 30})
+    try:
+        if xid:
+            inject(tmp_path / "sim", "n2", gpu=1, xid=79)
+        started = time.monotonic()
+        status = hooks.run_hook("epilog", EPILOG_2205, config=config)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        ticker.join()
+        wired.close()
+    assert status == (hooks.EXIT_REFUSE if xid else hooks.EXIT_OK)
+    assert took < 10, f"the Epilog sat out {took:.1f} s of the 30 s wait"
+    health = json.loads((spool / hooks.HEALTH_FILE).read_text())
+    assert isinstance(health["fast_read_at"], float)
