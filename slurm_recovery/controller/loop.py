@@ -494,8 +494,11 @@ class Reconciler:
 
     def _detect_and_decide(self, view: ClusterView) -> None:
         evidence = self._evidence(view.now)
-        # Slurm's own hold of a failed --requeue=expedite job: judged as the attempt that failed
-        view = with_failed_attempts(view, evidence)
+        # Slurm's own hold or requeue of a failed --requeue=expedite job: judged as the attempt
+        # that failed
+        view = with_failed_attempts(
+            view, evidence, self.catalogue, lambda job: bool(self._kinds(job))
+        )
         reported = {  # every attempt with an incident: a straggler is reported once
             (job.job_id, job.restart_count) for job in view.jobs.values() if self._kinds(job)
         }

@@ -15,10 +15,13 @@ job id, at most one new incident per job attempt ``(job_id, restart_count)``:
    create one. A job that then exits is a CRASH, one that stops making progress a HANG, each
    judged with the same lines.
 
-On Slurm 25.11+ an ``--requeue=expedite`` job that exits non-zero with no failed Epilog is not
-FAILED: Slurm requeues and holds it itself (REQUEUE_HOLD, restart count + 1, no nodes).
-:func:`with_failed_attempts` shows such a job as the attempt that failed, from its hooks'
-evidence, so rule 1 sees the crash it would see without expedite.
+On Slurm 25.11+ an ``--requeue=expedite`` job that exits non-zero is never shown FAILED: with
+no failed Epilog Slurm requeues and holds it itself (REQUEUE_HOLD, restart count + 1, no
+nodes); with one (a node's health check, or ``hooks.epilog_gate`` on a fault the sidecar proved)
+it drains the node and requeues the job at once, so the next view shows it PENDING or RUNNING
+again. :func:`with_failed_attempts` shows such a job as the attempt that failed, from its hooks'
+evidence, so rule 1 sees the crash it would see without expedite and the audit tells what
+Slurm did.
 
 Node evidence the node itself has since cleared (a GPU reset, a healthy reading:
 :mod:`decide.cleared`) dooms nothing.
@@ -27,7 +30,7 @@ Node evidence the node itself has since cleared (a GPU reset, a healthy reading:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from slurm_recovery.contract.hostlist import compress
 from slurm_recovery.decide.cleared import still_open
@@ -41,7 +44,7 @@ from slurm_recovery.decide.model import (
     by_job,
 )
 from slurm_recovery.decide.policy import Policy
-from slurm_recovery.scheduler.base import Job, Node
+from slurm_recovery.scheduler.base import ExitCode, Job, Node
 from slurm_recovery.signals.xid import XidCatalogue, xid_code
 
 #: Job end states that are failures (a crash incident). Any other end is not ours to fix.
@@ -67,15 +70,46 @@ def held_by_expedited_requeue(job: Job) -> bool:
     )
 
 
-def with_failed_attempts(view: ClusterView, evidence: Sequence[Evidence]) -> ClusterView:
-    """``view`` with each job Slurm holds after an expedited failure (see
-    :func:`held_by_expedited_requeue`) shown as its failed attempt: FAILED, the attempt's
-    restart count, nodes and start as its hooks reported them (``job_start``/``job_end``).
+def requeued_by_expedite(job: Job) -> bool:
+    """An ``--requeue=expedite`` job back in the queue or running again after a requeue and
+    not held: possibly Slurm's requeue of a failed attempt (a failed Epilog), possibly an
+    operator's; :func:`with_failed_attempts` tells them apart by the proven fault."""
+    return (
+        job.expedited_requeue
+        and job.restart_count > 0
+        and not job.held
+        and job.state in ("PENDING", "CONFIGURING", "RUNNING", "EXPEDITING")
+    )
+
+
+def with_failed_attempts(
+    view: ClusterView,
+    evidence: Sequence[Evidence],
+    catalogue: XidCatalogue | None = None,
+    has_incident: Callable[[Job], bool] = lambda job: False,
+) -> ClusterView:
+    """``view`` with each ``--requeue=expedite`` job that Slurm requeued after a failed
+    attempt shown as that attempt: FAILED, its restart count, nodes and start as its hooks
+    reported them (``job_start``/``job_end``). Two cases:
+
+    - Slurm's hold after a non-zero exit (:func:`held_by_expedited_requeue`);
+    - Slurm's immediate requeue after a failed Epilog (:func:`requeued_by_expedite`): only
+      when the attempt ended in failure and fatal node evidence (``catalogue``) on one of its
+      nodes explains it, so an operator's ``scontrol requeue`` is never taken for a crash; and
+      only until that attempt has an incident (``has_incident``), since the job's new attempt
+      is the one to watch from then on.
+
     Without the attempt's ``job_end`` (the hooks are not installed, or it is still on its way)
     the job is left as Slurm shows it: nothing is guessed."""
     replaced: dict[int, Job] = {}
+    fatal_nodes: dict[str, list[float]] = {}
+    if catalogue is not None:
+        for ev in evidence:
+            if ev.node is not None and is_fatal_node_event(ev, catalogue):
+                fatal_nodes.setdefault(ev.node, []).append(ev.observed_at)
     for job in view.jobs.values():
-        if not held_by_expedited_requeue(job):
+        held = held_by_expedited_requeue(job)
+        if not held and not (catalogue is not None and requeued_by_expedite(job)):
             continue
         failed = job.restart_count - 1
         mine = [
@@ -90,18 +124,45 @@ def with_failed_attempts(view: ClusterView, evidence: Sequence[Evidence]) -> Clu
         end = min(ends, key=_evidence_order)
         starts = [ev.observed_at for ev in mine if ev.kind == "job_start"]
         nodes = tuple(str(n) for n in end.payload.get("nodes") or ())
-        replaced[job.job_id] = dataclasses.replace(
+        start = min(starts) if starts else 0.0
+        if not held and not (
+            _ended_badly(end.payload)
+            and any(
+                start - START_SLACK <= at <= end.observed_at + START_SLACK
+                for node in nodes
+                for at in fatal_nodes.get(node, ())
+            )
+        ):
+            continue
+        shown = dataclasses.replace(
             job,
             state="FAILED",
             restart_count=failed,
             nodes=nodes or job.nodes,
-            start_time=int(min(starts)) if starts else 0,
+            start_time=int(start),
             end_time=int(end.observed_at),
+            exit_code=ExitCode(_int(end.payload.get("exit_code")), _int(end.payload.get("signal")))
+            if not held
+            else job.exit_code,
             held=False,
         )
+        if held or not has_incident(shown):
+            replaced[job.job_id] = shown
     if not replaced:
         return view
     return dataclasses.replace(view, jobs={**view.jobs, **replaced})
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _ended_badly(job_end: Mapping[str, object]) -> bool:
+    """A ``job_end`` payload's exit: non-zero or by a signal (the job's or its script's)."""
+    return any(
+        _int(job_end.get(key))
+        for key in ("exit_code", "signal", "derived_exit_code", "derived_signal")
+    )
 
 
 def detect(

@@ -227,6 +227,15 @@ def test_the_epilog_gate_lets_slurm_requeue_the_expedited_job_without_the_node(
         assert requeued < 5, f"{requeued:.1f} s: the healthy node's Epilog sat out the 10 s wait"
         # Slurm's drain ("Epilog error") or the tool's, whichever came first: both see the XID
         assert node.drained and (node.reason == "Epilog error" or "xid 79" in node.reason), node
+        # never silent: the failed attempt has its incident, whose audit says Slurm requeued it
+        story = wait_for(
+            lambda: [i for i in incidents(client, job_id) if i["outcome"]], timeout=20
+        )[0]
+        assert story["restart_count"] == 0 and story["kind"] in ("crash", "doomed"), story
+        assert bad in (story["advice"] or {}).get("exclude", []), story
+        if story["kind"] == "crash":  # the XID reached the tool after Slurm's requeue
+            steps = client.get(f"/v1/incidents/{story['id']}")
+            assert "expedited requeue" in json.dumps(steps), "the audit must say Slurm did it"
     finally:
         config.write_text(before)
         subprocess.run(["scancel", str(job_id)], env=env)

@@ -91,3 +91,76 @@ def test_only_slurms_expedited_hold_is_ever_rewritten(state, restarts, rc, sig, 
     if out is not shown:
         assert (state, expedite, held, rc != 0, sig) == ("REQUEUE_HOLD", True, True, True, 0)
         assert out.restart_count == restarts - 1 and out.state == "FAILED"
+
+
+# --- Slurm's immediate requeue after a failed Epilog (not held) ------------------------------
+
+#: as squeue --json shows it on 26.05.5 once Slurm requeued it after n2's Epilog failed
+REQUEUED = job(
+    state="RUNNING",
+    nodes=("n3", "n4"),
+    restart_count=1,
+    start_time=1_502,
+    exit_code=ExitCode(0, 0),
+    expedited_requeue=True,
+)
+
+
+def xid_on(node: str, at: float, code: int = 79) -> Evidence:
+    payload = {"xid": code, "message": "GPU has fallen off the bus."}
+    return Evidence(9, "sidecar", "xid", at, node=node, gpu=0, payload=payload)
+
+
+def killed(evidence: list[Evidence]) -> list[Evidence]:
+    """The attempt ended by srun killing the ranks (exit 143), as on the real cluster."""
+    return [
+        dataclasses.replace(ev, payload={**ev.payload, "exit_code": 143})
+        if ev.kind == "job_end"
+        else ev
+        for ev in evidence
+    ]
+
+
+def test_slurms_requeue_after_a_proven_fault_is_shown_as_the_failed_attempt():
+    evidence = [*killed(hooks()), xid_on("n2", 1_499.8)]
+    shown = with_failed_attempts(view(REQUEUED), evidence, CATALOGUE).jobs[42]
+    assert (shown.state, shown.restart_count, shown.nodes) == ("FAILED", 0, ("n1", "n2"))
+    assert shown.exit_code == ExitCode(143, 0)
+    (incident,) = detect(
+        with_failed_attempts(view(REQUEUED), evidence, CATALOGUE),
+        evidence,
+        set(),
+        CATALOGUE,
+        POLICY,
+    )
+    assert (incident.kind, incident.restart_count) == (IncidentKind.CRASH, 0)
+
+
+def test_once_the_failed_attempt_has_its_incident_the_new_attempt_is_watched():
+    evidence = [*killed(hooks()), xid_on("n2", 1_499.8)]
+    out = with_failed_attempts(view(REQUEUED), evidence, CATALOGUE, lambda job: True)
+    assert out.jobs[42] is REQUEUED
+
+
+def test_a_requeue_no_proven_fault_explains_is_left_alone():
+    """An operator's `scontrol requeue`, or a crash with no fault found: not Slurm's answer
+    to a failed Epilog, and never taken for a crash of the attempt."""
+    cases = {
+        "no node evidence": killed(hooks()),
+        "the fault on a node of another job": [*killed(hooks()), xid_on("n7", 1_499.8)],
+        "a fault from before the attempt": [*killed(hooks()), xid_on("n2", 900)],
+        "an application XID": [*killed(hooks()), xid_on("n2", 1_499.8, code=13)],
+        "a clean end": [*hooks(), xid_on("n2", 1_499.8)],
+        "no job_end": [xid_on("n2", 1_499.8)],
+    }
+    cases["a clean end"] = [
+        dataclasses.replace(ev, payload={**ev.payload, "exit_code": 0})
+        for ev in cases["a clean end"]
+    ]
+    for why, evidence in cases.items():
+        assert with_failed_attempts(view(REQUEUED), evidence, CATALOGUE).jobs[42] is REQUEUED, why
+    held = dataclasses.replace(REQUEUED, state="PENDING", held=True, nodes=())
+    evidence = [*killed(hooks()), xid_on("n2", 1_499.8)]
+    assert with_failed_attempts(view(held), evidence, CATALOGUE).jobs[42] is held  # someone's hold
+    plain = dataclasses.replace(REQUEUED, expedited_requeue=False)
+    assert with_failed_attempts(view(plain), evidence, CATALOGUE).jobs[42] is plain
