@@ -33,6 +33,9 @@ class Benchmark:
 
 BENCHMARKS = (
     Benchmark("recovery_latency", "failure -> incident -> action -> running again, vs plain Slurm"),
+    Benchmark(
+        "expedited_vs_slurm", "Slurm 26.05 alone (expedited requeue) vs slurm-recovery, 5 faults"
+    ),
     Benchmark("hang_overshoot", "hang declared how long after its deadline"),
     Benchmark("straggler_delay", "slowdown -> straggler incident"),
     Benchmark("controller_scale", "ingest rate, latency, CPU, RSS at 100 to 10,000 nodes"),

@@ -153,6 +153,8 @@ class Ours:
     work: Path
     via: str
     last_xid: float = 0.0
+    #: more sbatch options (bench/expedited_vs_slurm.py: --requeue=expedite)
+    sbatch_args: tuple[str, ...] = ()
 
     def sbatch(self, script: Path, *args: str) -> int:
         out = subprocess.run(
@@ -160,7 +162,7 @@ class Ours:
             # output file named without %x: the node hooks do not know the job's name, and the
             # sidecar must find the file to follow it
             [
-                *("sbatch", "--parsable", "--exclusive", "-N2"),
+                *("sbatch", "--parsable", "--exclusive", "-N2", *self.sbatch_args),
                 *("-o", f"{self.work}/{script.stem}-%j.out", str(script), *args),
             ],
             env=self.env,
