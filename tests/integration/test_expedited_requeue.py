@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -245,3 +246,64 @@ def test_the_epilog_gate_lets_slurm_requeue_the_expedited_job_without_the_node(
                 env=env,
                 capture_output=True,
             )
+
+
+def test_the_shipped_job_submit_lua_marks_multi_node_jobs_expedite(local_cluster):
+    """packaging/slurm/job_submit.lua (the RPM's /usr/share/slurm-recovery/job_submit.lua) on
+    a real slurmctld with JobSubmitPlugins=lua: a multi-node job is submitted --requeue=expedite
+    for the user; a one-node job, and a job submitted --no-requeue, are left as they came; and
+    where slurmctld runs without enable_expedited_requeue (which would refuse an expedite job)
+    nothing is marked and submissions go through."""
+    release = localcluster.slurm_release(local_cluster)
+    if tuple(int(p) for p in release.split(".")) < (25, 11):
+        pytest.skip(f"Slurm {release}: expedited requeue is 25.11+ (CI runs this on 26.05)")
+    base = Path(tempfile.mkdtemp(prefix="srecovery-lua-"))
+    base.chmod(0o755)
+    spec = localcluster.ClusterSpec(
+        base=base / "cluster",
+        nodes=2,
+        port_base=_free_port_block(3, start=local_cluster.port_base + 800),
+        name="srlua",
+        slurm_prefix=local_cluster.slurm_prefix,
+        extra_conf=["JobSubmitPlugins=lua"],
+    )
+    expedite = "SlurmctldParameters=enable_expedited_requeue"
+    spec.slurm_conf.parent.mkdir(parents=True, exist_ok=True)
+    shipped = Path(__file__).resolve().parents[2] / "packaging" / "slurm" / "job_submit.lua"
+    shutil.copy(shipped, spec.slurm_conf.parent / "job_submit.lua")
+    env = localcluster.slurm_env(spec)
+    try:
+        localcluster.up(spec)
+        sched = ScontrolScheduler(timeout=10, slurm_conf=str(spec.slurm_conf))
+
+        def submit(*args: str) -> int:
+            out = subprocess.run(
+                ["sbatch", "--parsable", "--hold", *args, "--wrap=sleep 60"],
+                env=env,
+                cwd="/tmp",
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            return int(out.stdout.split(";")[0])
+
+        plain = sched.get_job(submit("-N2"))  # expedited requeue off: left as it came
+        assert not plain.expedited_requeue, plain
+        localcluster.down(spec.base)
+        spec.extra_conf.append(expedite)
+        localcluster.up(spec)
+        marked = sched.get_job(submit("-N2"))
+        single = sched.get_job(submit("-N1"))
+        refused = sched.get_job(submit("-N2", "--no-requeue"))
+        assert marked.expedited_requeue, marked
+        assert not single.expedited_requeue and not refused.expedited_requeue, (single, refused)
+        shown = subprocess.run(
+            ["scontrol", "show", "job", str(marked.job_id)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "Requeue=1" in shown, shown
+    finally:
+        localcluster.down(spec.base)

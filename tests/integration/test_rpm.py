@@ -138,6 +138,7 @@ def test_controller_and_sidecar(rpms: dict[str, Path]) -> None:
         "/var/lib/slurm-recovery",
         "/usr/share/slurm-recovery/prometheus/srecovery-rules.yml",
         "/usr/share/slurm-recovery/grafana/srecovery-dashboard.json",
+        "/usr/share/slurm-recovery/job_submit.lua",
     ):
         assert path in files, path
     qf = "[%{FILEMODES:perms} %{FILEUSERNAME}:%{FILEGROUPNAME} %{FILENAMES}\n]"
