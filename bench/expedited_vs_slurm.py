@@ -217,7 +217,10 @@ def trial(bench: Bench, kind: str, rng: random.Random) -> dict[str, Any]:
         nodes = list(first.nodes)
         bad = nodes[0] if kind == "node_death" else nodes[-1]
         row.update(nodes=nodes, node=bad if kind in ("crash", "xid", "node_death") else None)
-        pids = wait(lambda: task_pids(job_id, bad), 30, POLL_S) if kind != "app_bug" else []
+        if kind == "hang":  # its first progress lines: the hang comes after them
+            wait(lambda: (bench.work / f"progress-{job_id}-0").exists(), 30, POLL_S)
+        node_fault = kind in ("crash", "xid", "node_death")
+        pids = wait(lambda: task_pids(job_id, bad), 30, POLL_S) if node_fault else []
         if kind in ("crash", "xid", "node_death"):
             time.sleep(rng.uniform(0, args.jitter))
         row["load_average"] = loadavg()
