@@ -19,14 +19,17 @@ node requeues it at once.
 **slurm-recovery.** The same cluster with the tool's hooks, sidecars, controller and watchdog
 back, act mode, and ``hooks.epilog_gate`` on (the Epilog fails on a fault the sidecar proved).
 
-Faults, on the job's second node (the first for node death: the batch script's node stays up):
+Faults, on the job's second node (the first, the batch script's, for node death):
 
 ``crash``       XID 79 on GPU 0 and, in the same instant, the node's task SIGKILLed: the job
                 fails (``srun --kill-on-bad-exit``).
 ``xid``         XID 79 only; the ranks keep running (as if hung in a collective until NCCL's
                 timeout). Slurm alone sees nothing: watched for ``--watch`` s.
-``node_death``  the node's slurmd SIGKILLed (the job's processes there live on, as on a host
-                whose daemon died); Slurm marks it DOWN after SlurmdTimeout (60 s here).
+``node_death``  the slurmd of the node that runs the batch script SIGKILLed (the job's
+                processes there live on, as on a host whose daemon died): the job runs on
+                until Slurm marks the node DOWN (SlurmdTimeout, 60 s here, and its ping
+                cycle), then Slurm requeues it at once (expedite). The tool has no evidence of
+                its own for this fault yet: both arms wait for Slurm.
 ``hang``        the job stops printing progress (bench/support.py's workload); no fault.
 ``app_bug``     every rank raises ``KeyError``; the job exits 1.
 
