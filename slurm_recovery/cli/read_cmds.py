@@ -401,6 +401,12 @@ def explain(ctx: click.Context, target: str | None, incident: int | None, as_jso
         if index:
             click.echo("")
         click.echo("\n".join(render_story(story)))
+    for earlier in result.get("earlier_jobs", []):
+        ids = ", ".join(f"i{i}" for i in earlier.get("incidents", []))
+        click.echo(
+            f"\nan earlier job with id {ident} (first seen {earlier.get('first_seen') or '?'}) "
+            f"had incidents {ids}: `srecovery explain i<N>` tells them"
+        )
 
 
 # ----------------------------------------------------------------------------- nodes

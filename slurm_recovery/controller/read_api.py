@@ -184,13 +184,39 @@ def list_incidents(store: Store, params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def job_stories(store: Store, job_id: int) -> dict[str, Any]:
+    """The incidents of the newest job that had ``job_id``, oldest first. Slurm reuses job ids
+    (a new cluster, a reset of its state), and the store keeps each submission and its requeues
+    apart (its job history): the earlier jobs with this id are only listed, under
+    ``earlier_jobs``, with their incident ids, never told as this job's story."""
     incidents = store.find_incidents(job_id=job_id, limit=MAX_LIMIT, oldest_first=True)
     if not incidents:
         raise NotFound(
             f"no incidents for job {job_id}: the controller has recorded none for it (is the "
             "job id right? `srecovery incidents --since 1d` lists recent ones)"
         )
-    return {"job_id": job_id, "incidents": [views.incident_story(store, i) for i in incidents]}
+    by_history: dict[int, list[Any]] = {}
+    first_seen: dict[int, float] = {}
+    for incident in incidents:
+        attempt = store.get_attempt(incident.attempt_id)
+        history = attempt.history_id if attempt is not None else -1
+        by_history.setdefault(history, []).append(incident)
+        if attempt is not None:
+            seen = first_seen.get(history, attempt.first_seen_at)
+            first_seen[history] = min(seen, attempt.first_seen_at)
+    newest = max(by_history)
+    earlier = [
+        {
+            "first_seen": views.iso(first_seen[h]) if h in first_seen else None,
+            "incidents": [i.id for i in by_history[h]],
+        }
+        for h in sorted(by_history)
+        if h != newest
+    ]
+    return {
+        "job_id": job_id,
+        "incidents": [views.incident_story(store, i) for i in by_history[newest]],
+        "earlier_jobs": earlier,
+    }
 
 
 def incident_story(store: Store, incident_id: int) -> dict[str, Any]:

@@ -677,3 +677,22 @@ def test_latest_findings_and_node_drains(store):
     ((action, incident, reason),) = store.node_drains(node="n2")
     assert (action.target, incident, reason) == ("n2", b, f"srecovery:{b}:hardware")
     assert store.node_drains(node="n3") == []
+
+
+def test_a_reused_job_id_tells_only_the_newest_jobs_story(store):
+    """Slurm reuses job ids (a new cluster's job 1 after an old one's): `explain 1` must not tell
+    the earlier job's incidents as this job's; they are listed apart, by incident id."""
+    old = store.resolve_attempt(JobAttempt("c1", 1, 1_000, 0), seen_at=1_000)
+    old_incident = store.open_incident(old.id, "crash", opened_at=1_010)
+    store.close_incident(old_incident.id, outcome="done", closed_at=1_011)
+    new = store.resolve_attempt(JobAttempt("c1", 1, 900, 0), seen_at=5_000)  # an earlier submit
+    assert new.history_id != old.history_id  # the store saw another job
+    new_incident = store.open_incident(new.id, "hang", opened_at=5_010)
+    out = read_api.job_stories(store, 1)
+    assert [s["id"] for s in out["incidents"]] == [new_incident.id]
+    assert out["earlier_jobs"] == [{"first_seen": views.iso(1_000), "incidents": [old_incident.id]}]
+    requeued = store.resolve_attempt(JobAttempt("c1", 1, 900, 1), seen_at=6_000)
+    assert requeued.history_id == new.history_id  # its requeue: the same job
+    again = store.open_incident(requeued.id, "crash", opened_at=6_010)
+    out = read_api.job_stories(store, 1)
+    assert [s["id"] for s in out["incidents"]] == [new_incident.id, again.id]
