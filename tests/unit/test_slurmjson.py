@@ -397,3 +397,29 @@ def test_slurms_own_expedited_hold_as_26_05_shows_it():
     assert (held.state, held.held, held.restart_count) == ("REQUEUE_HOLD", True, 1)
     assert held.expedited_requeue and held.exit_code == ExitCode(143, 0)
     assert not job_from_json(_job()).expedited_requeue  # 22.05: no such flag
+
+
+@pytest.mark.parametrize(
+    ("state", "down", "drained"),
+    [
+        (["IDLE", "POWER_DOWN_ASAP"], False, False),  # being powered down after its jobs
+        (["MIXED", "POWER_DOWN_FORCE"], False, False),
+        (["IDLE", "POWERED_DOWN"], False, False),  # power saving: asleep, not broken
+        (["BLOCKED"], False, False),  # 25.11+: blocked by a segment or reservation
+        (["EXTERNAL"], False, False),  # 25.11+: managed outside Slurm
+        (["IDLE", "DRAIN"], False, True),
+        (["DOWN", "NOT_RESPONDING"], True, False),
+    ],
+)
+def test_new_node_states_of_26_05_are_understood_not_taken_for_faults(state, down, drained):
+    """26.05's node states and flags read from its real output (the recorded n1), with only
+    the state changed: power saving and BLOCKED/EXTERNAL are not a fault; the reason's setter
+    reads "" when there is no reason (``reason_set_by_user`` ``""``)."""
+    from slurm_recovery.decide.attribute import node_is_down
+
+    doc = json.loads((FIXTURES / "26.05" / "scontrol-show-nodes.json").read_text())
+    record = {**doc["nodes"][0], "state": state, "reason": "", "reason_set_by_user": ""}
+    node = node_from_json(record, slurm="26.05")
+    assert node_is_down(node.state, node.flags) is down
+    assert node.drained is drained
+    assert node.reason == "" and node.reason_set_by == ""
