@@ -212,3 +212,21 @@ def test_a_step_recorded_done_is_never_asked_again(
             found = {(f.name, f.target) for f in nxt.found}
             assert held and restart > 0 and ("requeue_hold", T) in set(recorded) | found
             assert not watchdog
+
+
+@given(
+    restart=st.integers(0, 2),
+    held=st.booleans(),
+    marked=st.booleans(),
+    done=st.sets(st.sampled_from(STEPS)),
+    action=st.sampled_from([Action.REQUEUE_EXCLUDE, Action.REQUEUE]),
+)
+def test_a_completing_job_is_never_requeued(restart, held, marked, done, action):
+    """Slurm 25.11.7 and 26.05.3 can crash slurmctld, or corrupt the previous accounting
+    record, when a COMPLETING job is requeued (fixed after 26.05.3, not on 25.11): the restart
+    waits until the job has left COMPLETING, whatever else is recorded."""
+    plan = Plan(3, 1, action, Mode.ACT, "r", exclude=frozenset({"n2"}), drain=frozenset({"n2"}))
+    completing = job("COMPLETING", restart, held=held, comment=MARK if marked else "")
+    recorded = {(s, "n2" if s == "drain" else T): 1.0 for s in done - {"requeue_hold"}}
+    nxt = step(completing, recorded, nodes(), plan=plan)
+    assert not (isinstance(nxt.action, Step) and nxt.action.name == "requeue_hold"), nxt
