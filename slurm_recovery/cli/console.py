@@ -760,6 +760,9 @@ def run_live(client: ControllerClient, interval: float) -> int:
     previous = {
         sig: signal.signal(sig, handler)
         for sig, handler in (
+            # SIGINT too: a ^C must quit even when the console inherited SIGINT ignored (a
+            # parent that ignores it: nohup, some job launchers and test runners)
+            (signal.SIGINT, interrupted),
             (signal.SIGTERM, interrupted),
             (signal.SIGHUP, interrupted),
             (signal.SIGWINCH, resized),
