@@ -102,15 +102,16 @@ def with_failed_attempts(
     Without the attempt's ``job_end`` (the hooks are not installed, or it is still on its way)
     the job is left as Slurm shows it: nothing is guessed."""
     replaced: dict[int, Job] = {}
-    fatal_nodes: dict[str, list[float]] = {}
-    if catalogue is not None:
-        for ev in evidence:
-            if ev.node is not None and is_fatal_node_event(ev, catalogue):
-                fatal_nodes.setdefault(ev.node, []).append(ev.observed_at)
+    fatal_nodes: dict[str, list[float]] | None = None  # indexed once, only when needed
     for job in view.jobs.values():
         held = held_by_expedited_requeue(job)
         if not held and not (catalogue is not None and requeued_by_expedite(job)):
             continue
+        if not held and fatal_nodes is None and catalogue is not None:
+            fatal_nodes = {}
+            for ev in still_open(evidence):  # as detect() reads node evidence: cleared is gone
+                if ev.node is not None and is_fatal_node_event(ev, catalogue):
+                    fatal_nodes.setdefault(ev.node, []).append(ev.observed_at)
         failed = job.restart_count - 1
         mine = [
             ev
@@ -130,7 +131,7 @@ def with_failed_attempts(
             and any(
                 start - START_SLACK <= at <= end.observed_at + START_SLACK
                 for node in nodes
-                for at in fatal_nodes.get(node, ())
+                for at in (fatal_nodes or {}).get(node, ())
             )
         ):
             continue
