@@ -13,6 +13,20 @@ all, for both runs:
   (with ``--nodes n1``: that blame exactly n1; bare, with a labelled ``blame``: one of those);
 - application faults blamed: cases labelled ``fault_domain = "application"`` that blame a node
   (must be 0), and all false blames (a node blamed where none was at fault).
+
+The corpus has two parts, by source thread: the **sealed** threads listed in
+``tests/corpus/sealed.txt`` and the **development** part (every other thread). Signatures are
+written only from the development part and from the emitters' own sources
+(``signals/data/emitters``); the sealed part measures how well that generalises, and its misses
+are not printed unless asked for (``--sealed-misses``: reading them opens the part, which then
+has to be replaced by new sealed cases). Every figure is given for each part and for both.
+
+Errors are counted by what they cost (``ERROR_KINDS``, most expensive first): a node fault
+answered ``stop`` loses the job; an application fault with a node blamed drains a healthy node
+for everyone; a failure answered ``none`` leaves a job dead that could have run; a node fault
+requeued without excluding the node (or excluding another) lands on it again; an application
+fault requeued wastes one restart (bounded by ``stop_on_same_failure``); a case that needed
+nothing answered with an action, and a transient failure stopped, are counted last.
 """
 
 from __future__ import annotations
@@ -21,7 +35,7 @@ import argparse
 import sys
 import tomllib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from slurm_recovery.signals.logs import LogVerdict, classify, default_catalogue
@@ -32,6 +46,21 @@ except ImportError:  # python bench/attribution.py (as python -m bench runs it)
     from report import write_json  # type: ignore[no-redef]
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus"
+#: The sealed part's threads, one URL per line (``#`` comments allowed), in CORPUS.
+SEALED_LIST = "sealed.txt"
+PARTS = ("development", "sealed")
+#: Error kinds, most expensive first (see the module docstring); a miss counts once, as the
+#: first kind it is.
+ERROR_KINDS = (
+    "node_fault_stopped",
+    "application_blamed",
+    "healthy_node_blamed",
+    "failure_left_dead",
+    "node_not_excluded",
+    "application_restarted",
+    "transient_stopped",
+    "nothing_needed",
+)
 ACTIONS = ("requeue_exclude", "requeue", "stop", "none")
 DOMAINS = ("hardware", "system", "application", "unknown")
 REQUIRED = ("url", "title", "basis", "fault_domain", "node_fault", "action", "single_node", "log")
@@ -56,10 +85,34 @@ class Case:
     single_node: bool
     log: str
     blame: tuple[str, ...] = ()
+    part: str = "development"
 
     @property
     def name(self) -> str:
         return f"{self.area}/{self.path.stem}"
+
+    @property
+    def thread(self) -> str:
+        return thread_of(self.url)
+
+
+def thread_of(url: str) -> str:
+    """The source thread a URL points into: without its #fragment, ?query and trailing slash,
+    in lower case (two comments of one issue are one thread)."""
+    return url.split("#", 1)[0].split("?", 1)[0].rstrip("/").lower()
+
+
+def sealed_threads(root: Path = CORPUS) -> frozenset[str]:
+    """The threads of the sealed part (``sealed.txt``; none when the file is absent)."""
+    try:
+        text = (root / SEALED_LIST).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return frozenset()
+    lines = (
+        line.split("#", 1)[0].strip() if line.startswith("#") else line.strip()
+        for line in text.splitlines()
+    )
+    return frozenset(thread_of(line) for line in lines if line)
 
 
 def load_case(path: Path, area: str) -> Case:
@@ -108,10 +161,15 @@ def load_case(path: Path, area: str) -> Case:
 
 
 def load_corpus(root: Path = CORPUS) -> list[Case]:
-    """Every case under ``root`` (one sub-directory per area), in name order."""
+    """Every case under ``root`` (one sub-directory per area), in name order, each marked with
+    its part (sealed when its thread is in ``sealed.txt``)."""
+    sealed = sealed_threads(root)
     cases = []
     for path in sorted(root.glob("*/*.toml")):
-        cases.append(load_case(path, path.parent.name))
+        case = load_case(path, path.parent.name)
+        if case.thread in sealed:
+            case = replace(case, part="sealed")
+        cases.append(case)
     return cases
 
 
@@ -149,6 +207,34 @@ class Outcome:
             return any(g.split(".", 1)[0] in short for g in got)
         return bool(got)
 
+    @property
+    def error(self) -> str | None:
+        """The kind of error this outcome is (:data:`ERROR_KINDS`), or None when right."""
+        case, got = self.case, self.verdict.action
+        if case.node_fault:
+            if got == "stop":
+                return "node_fault_stopped"
+            if got == "none":
+                return "failure_left_dead"
+            if not self.right_blame or got != "requeue_exclude":
+                return "node_not_excluded"
+            return None
+        if self.blamed:
+            return (
+                "application_blamed"
+                if case.fault_domain == "application"
+                else ("healthy_node_blamed")
+            )
+        if got == case.action:
+            return None
+        if got == "none":
+            return "failure_left_dead"
+        if case.action == "stop":
+            return "application_restarted"
+        if case.action == "requeue" and got == "stop":
+            return "transient_stopped"
+        return "nothing_needed"
+
 
 @dataclass
 class Score:
@@ -159,6 +245,7 @@ class Score:
     app_blamed: int = 0
     false_blames: int = 0
     misses: list[Outcome] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
 
     def add(self, outcome: Outcome) -> None:
         self.cases += 1
@@ -169,12 +256,9 @@ class Score:
         elif outcome.blamed:
             self.false_blames += 1
             self.app_blamed += outcome.case.fault_domain == "application"
-        wrong_blame = outcome.case.node_fault and not outcome.right_blame
-        if (
-            not outcome.right_action
-            or wrong_blame
-            or (outcome.blamed and not outcome.case.node_fault)
-        ):
+        error = outcome.error
+        if error is not None:
+            self.errors[error] += 1
             self.misses.append(outcome)
 
     @property
@@ -193,25 +277,35 @@ class Score:
             "recall": round(self.recall, 3),
             "app_blamed": self.app_blamed,
             "false_blames": self.false_blames,
+            "errors": dict(self.errors),
         }
 
 
 def score(cases: Iterable[Case], *, with_nodes: bool) -> dict[str, Score]:
-    """Scores per area and ``"all"``; with ``with_nodes`` only single-node cases, given n1."""
+    """Scores per area, per part and ``"all"``; with ``with_nodes`` only single-node cases,
+    given n1."""
     scores: dict[str, Score] = {"all": Score()}
     for case in cases:
         if with_nodes and not case.single_node:
             continue
         outcome = Outcome(case, explain(case, [ONE_NODE] if with_nodes else None), with_nodes)
         scores["all"].add(outcome)
-        scores.setdefault(case.area, Score()).add(outcome)
+        scores.setdefault(case.part, Score()).add(outcome)
+        scores.setdefault(f"{case.part}:{case.area}", Score()).add(outcome)
     return scores
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, default=CORPUS)
-    parser.add_argument("--misses", action="store_true", help="list every case scored wrong")
+    parser.add_argument(
+        "--misses", action="store_true", help="list every development case scored wrong"
+    )
+    parser.add_argument(
+        "--sealed-misses",
+        action="store_true",
+        help="also list the sealed part's misses (opens the part: replace it afterwards)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--quick", action="store_true", help="same run (it takes seconds)")
     args = parser.parse_args(argv)
@@ -220,25 +314,42 @@ def main(argv: list[str] | None = None) -> int:
     except CaseError as exc:
         print(f"bench.attribution: {exc}", file=sys.stderr)
         return 2
-    figures: dict[str, dict[str, dict[str, float | int]]] = {}
-    header = f"{'run':<14}{'area':<14}{'cases':>6}{'accuracy':>10}{'node faults':>13}"
+    threads = {case.part: set() for case in cases}
+    for case in cases:
+        threads[case.part].add(case.thread)
+    print(
+        f"corpus: {len(cases)} cases from {len({c.thread for c in cases})} threads; "
+        + "; ".join(
+            f"{part} {sum(c.part == part for c in cases)} cases, {len(threads.get(part, ()))} threads"
+            for part in PARTS
+        )
+    )
+    figures: dict[str, dict[str, dict[str, object]]] = {}
+    header = f"{'run':<12}{'part:area':<26}{'cases':>6}{'accuracy':>10}{'node faults':>13}"
     header += f"{'recall':>8}{'app blamed':>12}{'false blames':>14}"
     print(header)
     for run, with_nodes in (("bare", False), ("--nodes n1", True)):
         scores = score(cases, with_nodes=with_nodes)
         figures[run] = {}
-        for area in sorted(scores, key=lambda a: (a == "all", a)):
+        order = sorted(scores, key=lambda a: (a == "all", a.split(":")[0], ":" not in a, a))
+        for area in order:
             s = scores[area]
             figures[run][area] = s.row()
             print(
-                f"{run:<14}{area:<14}{s.cases:>6}{s.accuracy:>10.2f}{s.node_faults:>13}"
+                f"{run:<12}{area:<26}{s.cases:>6}{s.accuracy:>10.2f}{s.node_faults:>13}"
                 f"{s.recall:>8.2f}{s.app_blamed:>12}{s.false_blames:>14}"
             )
-        if args.misses:
-            for miss in scores["all"].misses:
+        print(f"{run}: errors by cost, most expensive first")
+        print("  " + f"{'kind':<24}" + "".join(f"{p:>13}" for p in (*PARTS, "all")))
+        for kind in ERROR_KINDS:
+            counts = [scores[p].errors[kind] if p in scores else 0 for p in (*PARTS, "all")]
+            print("  " + f"{kind:<24}" + "".join(f"{n:>13}" for n in counts))
+        shown = [m for m in scores["all"].misses if args.sealed_misses or m.case.part != "sealed"]
+        if args.misses or args.sealed_misses:
+            for miss in shown:
                 v, c = miss.verdict, miss.case
                 print(
-                    f"  miss {c.name}: want {c.action}"
+                    f"  miss [{c.part}] {c.name} ({miss.error}): want {c.action}"
                     f"{' (node fault)' if c.node_fault else ''}, got {v.action} "
                     f"blame={','.join(v.blame_nodes) or '-'} ({v.cause})"
                 )

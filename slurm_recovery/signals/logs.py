@@ -31,6 +31,7 @@ from typing import Annotated, Any, Self
 import msgspec
 
 from slurm_recovery.schema import Checked, Choice, SchemaError, parse_toml
+from slurm_recovery.signals.emitters import EmitterTables, load_emitter_tables
 from slurm_recovery.signals.xid import (
     Text,
     XidCatalogue,
@@ -140,6 +141,7 @@ class SignatureEntry(
     blame_node: bool = False
     knock_on_xids: tuple[Annotated[int, msgspec.Meta(ge=0)], ...] = ()
     escalate_after: Annotated[int, msgspec.Meta(ge=0)] = 0
+    tables: tuple[Text, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,9 @@ class Signature:
     knock_on_xids: frozenset[int] = frozenset()
     #: a warning repeated this many times about one node is a fault of that node (0: never)
     escalate_after: int = 0
+    #: emitter tables (``signals/data/emitters``) whose member the line's ``code`` group names
+    #: decides class and action (:mod:`slurm_recovery.signals.emitters`)
+    tables: tuple[str, ...] = ()
 
     @property
     def pattern(self) -> str:
@@ -184,6 +189,9 @@ class Match:
     xid: int | None = None
     #: the line's time carries no year (syslog, PyTorch's glog prefix): the year was assumed
     year_assumed: bool = False
+    #: the error the line names (a ``code`` group: a name, value or message an emitter table
+    #: lists), for a signature with ``tables``
+    code: str | None = None
 
 
 @dataclass(frozen=True)
@@ -359,6 +367,7 @@ class SignatureCatalogue:
     signatures: tuple[Signature, ...]
     xids: XidCatalogue
     source: str = "<code>"
+    emitters: EmitterTables = field(default_factory=load_emitter_tables)
     _anchors: tuple[str, ...] = field(init=False, repr=False, compare=False)
     _prefilters: tuple[re.Pattern[bytes], ...] = field(init=False, repr=False, compare=False)
     _by_id: Mapping[str, Signature] = field(init=False, repr=False, compare=False)
@@ -457,6 +466,9 @@ class SignatureCatalogue:
             if found is None:
                 continue
             named, xid = found
+            code = _code(named) if signature.tables else None
+            if signature.tables and signature.action == "none" and not self._asks(signature, code):
+                continue  # a warning-only entry takes only the errors its tables list
             host, rank, gpu = _context(line)
             host = _group(named, "host") or host_override or host
             rank_text = _group(named, "rank")
@@ -475,8 +487,15 @@ class SignatureCatalogue:
                 source=source,
                 xid=xid,
                 year_assumed=assumed and stamp is not None,
+                code=code,
             )
         return None
+
+    def _asks(self, signature: Signature, code: str | None) -> bool:
+        """Whether ``code`` names a member of ``signature``'s tables that asks for something
+        (its action is not ``none``): a success code or an informational line is no failure."""
+        member = self.emitters.lookup(signature.tables, code) if code else None
+        return member is not None and member.classified and member.action != "none"
 
     def _recognise(
         self, signature: Signature, line: str
@@ -607,6 +626,20 @@ class SignatureCatalogue:
                 blame_node=blames,
                 label=info.label,
             )
+        if signature.tables and match.code:
+            member = self.emitters.lookup(signature.tables, match.code)
+            if member is not None and member.classified:
+                # a code that asks nothing (success, "not ready") is a warning, as an XID is;
+                # one that does not say whose fault it is, a symptom: never the root
+                return Assessment(
+                    fault_class=member.fault_class,
+                    category=signature.category,
+                    action=member.action,
+                    knock_on=member.action == "none" or member.fault_class == "unknown",
+                    decisive=member.blame_node,
+                    blame_node=member.blame_node,
+                    label=f"{signature.id}: {member.label}",
+                )
         return Assessment(
             fault_class=signature.fault_class,
             category=signature.category,
@@ -616,6 +649,15 @@ class SignatureCatalogue:
             blame_node=signature.blame_node,
             label=signature.id,
         )
+
+
+def _code(named: Mapping[str, str | None]) -> str | None:
+    """The first ``code``, ``code2``, ... group that matched (one per alternative)."""
+    for key in ("code", *(f"code{i}" for i in range(2, 10))):
+        value = named.get(key)
+        if value:
+            return _clip(value.strip())
+    return None
 
 
 def _group(named: Mapping[str, str | None], key: str) -> str | None:
@@ -1182,6 +1224,8 @@ def evidence_payload(match: Match, catalogue: SignatureCatalogue | None = None) 
     }
     if match.xid is not None:
         payload["xid"] = match.xid
+    if match.code is not None:
+        payload["code"] = match.code
     if match.rank is not None:
         payload["rank"] = match.rank
     if match.host is not None:
@@ -1219,6 +1263,7 @@ def match_from_payload(payload: Mapping[str, Any], source: str | None = None) ->
         source=source,
         xid=number("xid"),
         year_assumed=payload.get("year_assumed") is True,
+        code=code if isinstance(code := payload.get("code"), str) and code else None,
     )
 
 
@@ -1345,6 +1390,16 @@ def _broken_rules(entry: SignatureEntry) -> list[tuple[str, str]]:
         broken.append(("pattern", f"not used with parser = {entry.parser!r}; remove it"))
     if entry.knock_on_xids and entry.parser != "xid":
         broken.append(("knock_on_xids", 'only for parser = "xid"'))
+    if entry.tables:
+        known = load_emitter_tables().tables
+        missing = [t for t in entry.tables if t not in known]
+        if missing:
+            problem = (
+                f"no emitter table {', '.join(missing)} (signals/data/emitters: {', '.join(known)})"
+            )
+            broken.append(("tables", problem))
+        if entry.pattern is None or "(?P<code" not in entry.pattern:
+            broken.append(("tables", "the pattern needs a (?P<code>...) group naming the error"))
     if entry.escalate_after and (entry.escalate_after < 2 or not entry.knock_on or not node_class):
         broken.append(
             (
@@ -1371,6 +1426,7 @@ def _signature(entry: SignatureEntry) -> Signature:
         parser=str(entry.parser),
         knock_on_xids=frozenset(entry.knock_on_xids),
         escalate_after=entry.escalate_after,
+        tables=tuple(str(t) for t in entry.tables),
     )
 
 

@@ -27,7 +27,7 @@ REAL = [
     (
         "RuntimeError: cuda runtime error (802) : system not yet initialized at "
         "/opt/conda/conda-bld/pytorch_1579022034529/work/aten/src/THC/THCGeneral.cpp:50",
-        "nvlink.training_failed",
+        "cuda.error",
         "https://github.com/pytorch/pytorch/issues/35710",
     ),
     (

@@ -1,0 +1,76 @@
+"""How completely the shipped signature catalogue reads each emitter's messages.
+
+Every classified member of every emitter table (:mod:`slurm_recovery.signals.emitters`) has an
+example line; the catalogue scans it as ``explain-log --nodes n1`` would and its verdict either
+agrees with the member (same action, same class unless nothing is to be done, the node blamed
+exactly when the member blames it), disagrees, or recognises nothing. ``docs/signatures.md``'s
+coverage table is this, printed by ``python -m bench.attribution --coverage``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from slurm_recovery.signals.emitters import EmitterTable, Member
+from slurm_recovery.signals.logs import LogVerdict, SignatureCatalogue, classify
+
+#: The node a member's example is read on (a one-node job).
+NODE = "n1"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """One table as the catalogue reads it."""
+
+    table: EmitterTable
+    #: member name -> what the catalogue answered, where it is not what the member says
+    disagree: Mapping[str, str]
+    #: classified members whose example the catalogue does not recognise at all
+    unrecognised: tuple[str, ...]
+
+    @property
+    def classified(self) -> tuple[Member, ...]:
+        return tuple(m for m in self.table.members if m.classified)
+
+    @property
+    def unclassified(self) -> tuple[Member, ...]:
+        return tuple(m for m in self.table.members if not m.classified)
+
+    @property
+    def agree(self) -> int:
+        return len(self.classified) - len(self.disagree) - len(self.unrecognised)
+
+
+def read_example(member: Member, catalogue: SignatureCatalogue) -> tuple[bool, LogVerdict]:
+    """Whether the catalogue recognises ``member``'s example, and its verdict on it."""
+    matches = list(catalogue.scan_text(member.example, source=member.table))
+    return bool(matches), classify(matches, nodes=[NODE], catalogue=catalogue)
+
+
+def mismatch(member: Member, verdict: LogVerdict) -> str:
+    """What is wrong with ``verdict`` for ``member`` ("" when it agrees)."""
+    blamed = verdict.blame_nodes == [NODE]
+    if verdict.action != member.action:
+        return f"{verdict.action} ({verdict.fault_domain}, {verdict.cause})"
+    if member.action != "none" and verdict.fault_domain != member.fault_class:
+        return f"{verdict.action} but {verdict.fault_domain} ({verdict.cause})"
+    if blamed != member.blame_node:
+        return f"{verdict.action} {'blaming' if blamed else 'not blaming'} the node"
+    return ""
+
+
+def coverage(table: EmitterTable, catalogue: SignatureCatalogue) -> Coverage:
+    disagree: dict[str, str] = {}
+    unrecognised: list[str] = []
+    for member in table.members:
+        if not member.classified:
+            continue
+        seen, verdict = read_example(member, catalogue)
+        if not seen:
+            if member.action != "none":  # nothing recognised in a line that asks nothing: right
+                unrecognised.append(member.name)
+            continue
+        wrong = mismatch(member, verdict)
+        if wrong:
+            disagree[member.name] = wrong
+    return Coverage(table, disagree, tuple(unrecognised))
