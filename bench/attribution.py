@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from slurm_recovery.signals.coverage import coverage
 from slurm_recovery.signals.logs import LogVerdict, classify, default_catalogue
 
 try:  # python -m bench.attribution, or imported by the tests
@@ -295,6 +296,40 @@ def score(cases: Iterable[Case], *, with_nodes: bool) -> dict[str, Score]:
     return scores
 
 
+def corpus_line(cases: Sequence[Case]) -> str:
+    """``corpus: 316 cases from 308 threads; development ...; sealed ...``."""
+    parts = []
+    for part in PARTS:
+        mine = [c for c in cases if c.part == part]
+        parts.append(f"{part} {len(mine)} cases, {len({c.thread for c in mine})} threads")
+    every = len({c.thread for c in cases})
+    return f"corpus: {len(cases)} cases from {every} threads; " + "; ".join(parts)
+
+
+def coverage_table() -> list[str]:
+    """The coverage of every emitter table by the shipped catalogue, as the Markdown table in
+    docs/signatures.md, then each member it does not read as the table says
+    (:mod:`slurm_recovery.signals.coverage`)."""
+    catalogue = default_catalogue()
+    rows = [
+        "| emitter (table) | source | members | classified | read as classified | "
+        "read otherwise | not recognised |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    notes = []
+    for table in catalogue.emitters:
+        c = coverage(table, catalogue)
+        rows.append(
+            f"| {table.emitter} (`{table.name}`) | {table.source.split(':')[0]} | "
+            f"{len(table.members)} | {len(c.classified)} | {c.agree} | {len(c.disagree)} | "
+            f"{len(c.unrecognised)} |"
+        )
+        notes += [f"- `{table.name}` `{m.name}`: unclassified ({m.note})" for m in c.unclassified]
+        notes += [f"- `{table.name}` `{name}`: read as {got}" for name, got in c.disagree.items()]
+        notes += [f"- `{table.name}` `{name}`: not recognised" for name in c.unrecognised]
+    return rows + [""] + (notes or ["- none"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, default=CORPUS)
@@ -306,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also list the sealed part's misses (opens the part: replace it afterwards)",
     )
+    parser.add_argument(
+        "--coverage",
+        action="store_true",
+        help="print the emitter coverage table (docs/signatures.md) instead",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--quick", action="store_true", help="same run (it takes seconds)")
     args = parser.parse_args(argv)
@@ -314,16 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     except CaseError as exc:
         print(f"bench.attribution: {exc}", file=sys.stderr)
         return 2
-    threads = {case.part: set() for case in cases}
-    for case in cases:
-        threads[case.part].add(case.thread)
-    print(
-        f"corpus: {len(cases)} cases from {len({c.thread for c in cases})} threads; "
-        + "; ".join(
-            f"{part} {sum(c.part == part for c in cases)} cases, {len(threads.get(part, ()))} threads"
-            for part in PARTS
-        )
-    )
+    if args.coverage:
+        print("\n".join(coverage_table()))
+        return 0
+    print(corpus_line(cases))
     figures: dict[str, dict[str, dict[str, object]]] = {}
     header = f"{'run':<12}{'part:area':<26}{'cases':>6}{'accuracy':>10}{'node faults':>13}"
     header += f"{'recall':>8}{'app blamed':>12}{'false blames':>14}"

@@ -108,11 +108,12 @@ def _normal(text: str) -> str:
     return " ".join(text.strip().strip("'\"").split()).rstrip(".").lower()
 
 
-#: A printf conversion in a message (``%s``, ``%lu``, ``%#x``, the kernel's ``%pV``): the
+#: A printf conversion in a message (``%s``, ``%lu``, ``%#x``, glibc's ``%m``, the kernel's ``%pV``,
+#: Slurm's ``%ps``, PRIu64): the
 #: message is a format, and what a conversion printed can be anything.
 _CONVERSION = re.compile(
-    r"%[-+ #0']{0,4}(?:\d{1,3}|\*)?(?:\.(?:\d{1,3}|\*))?(?:hh|h|ll|l|z|j|t|L|q)?"
-    r"(?:p[A-Z][A-Za-z0-9]{0,2}|[diouxXeEfgGaAcspn])"
+    r"%\"PRI\w{1,8}\"|%[-+ #0']{0,4}(?:\d{1,3}|\*)?(?:\.(?:\d{1,3}|\*))?(?:hh|h|ll|l|z|j|t|L|q)?"
+    r"(?:p(?:[A-Z][A-Za-z0-9]{0,2}|[a-z](?![a-z]))?|[diouxXeEfgGaAcsnm])"
 )
 #: Literal characters a message must have to be looked for inside a line: shorter ones would
 #: be found in lines that are not theirs.

@@ -64,6 +64,9 @@ __all__ = [
 CLASSES = ("hardware", "system", "application", "unknown")
 ACTIONS = ("requeue_exclude", "requeue", "stop", "none")
 PARSERS = ("regex", "xid")
+#: What a signature with ``tables`` does with a line whose code no member names: classify it
+#: with its own class and action, or leave the line to the entries after it.
+UNLISTED = ("classify", "ignore")
 _ID = re.compile(r"^[a-z][a-z0-9_]*\.[a-z0-9_]+$")
 #: Longest line kept in a match (a log line can be megabytes of tensor dump).
 MAX_TEXT = 500
@@ -121,6 +124,10 @@ class Parser(Choice):
     OPTIONS = PARSERS
 
 
+class Unlisted(Choice):
+    OPTIONS = UNLISTED
+
+
 class SignatureEntry(
     msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True, rename={"klass": "class"}
 ):
@@ -142,6 +149,7 @@ class SignatureEntry(
     knock_on_xids: tuple[Annotated[int, msgspec.Meta(ge=0)], ...] = ()
     escalate_after: Annotated[int, msgspec.Meta(ge=0)] = 0
     tables: tuple[Text, ...] = ()
+    unlisted: Unlisted = Unlisted("classify")
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,9 @@ class Signature:
     #: emitter tables (``signals/data/emitters``) whose member the line's ``code`` group names
     #: decides class and action (:mod:`slurm_recovery.signals.emitters`)
     tables: tuple[str, ...] = ()
+    #: ``ignore``: a line no member names is left to the entries after this one, and a line
+    #: whose member asks nothing is no match at all; ``classify``: this entry's own facts
+    unlisted: str = "classify"
 
     @property
     def pattern(self) -> str:
@@ -467,8 +478,12 @@ class SignatureCatalogue:
                 continue
             named, xid = found
             code = _code(named) if signature.tables else None
-            if signature.tables and signature.action == "none" and not self._asks(signature, code):
-                continue  # a warning-only entry takes only the errors its tables list
+            if signature.unlisted == "ignore":
+                member = self.emitters.lookup(signature.tables, code) if code else None
+                if member is None or not member.classified:
+                    continue  # not this entry's: the entries after it may know the line
+                if member.action == "none":
+                    return None  # its emitter's source says the line is no failure
             host, rank, gpu = _context(line)
             host = _group(named, "host") or host_override or host
             rank_text = _group(named, "rank")
@@ -490,12 +505,6 @@ class SignatureCatalogue:
                 code=code,
             )
         return None
-
-    def _asks(self, signature: Signature, code: str | None) -> bool:
-        """Whether ``code`` names a member of ``signature``'s tables that asks for something
-        (its action is not ``none``): a success code or an informational line is no failure."""
-        member = self.emitters.lookup(signature.tables, code) if code else None
-        return member is not None and member.classified and member.action != "none"
 
     def _recognise(
         self, signature: Signature, line: str
@@ -653,7 +662,7 @@ class SignatureCatalogue:
 
 def _code(named: Mapping[str, str | None]) -> str | None:
     """The first ``code``, ``code2``, ... group that matched (one per alternative)."""
-    for key in ("code", *(f"code{i}" for i in range(2, 10))):
+    for key in ("code", *(f"code{i}" for i in range(2, 20))):
         value = named.get(key)
         if value:
             return _clip(value.strip())
@@ -944,6 +953,10 @@ def classify(
     knock_on = sorted((a for a in assessed if a[1].knock_on), key=when)
     if not primary:
         failing = [a for a in knock_on if a[1].action != "none"]
+        if all(m.signature_id == GENERIC_ERROR for m, _, _ in failing) and any(
+            m.signature_id in _ENDED_ON_PURPOSE for m, _, _ in knock_on
+        ):
+            failing = []  # a job Slurm ended on purpose prints error words as it is killed
         lines = [_line(m) for m, _, _ in knock_on[:limit]]
         sources = [m.source for m, _, _ in knock_on[:limit]]
         if not failing:
@@ -1021,6 +1034,10 @@ def classify(
     )
 
 
+#: The catalogue's last resort: a line with a failure word and no more (``generic.error_line``).
+GENERIC_ERROR = "generic.error_line"
+#: Slurm ended the job on purpose: what its processes print as they are killed is no failure.
+_ENDED_ON_PURPOSE = frozenset({"slurm.time_limit", "slurm.preemption", "slurm.cancelled"})
 #: Lines that end a job's processes: an XID the driver logs as a channel is torn down after them
 #: (XID 45) is their consequence.
 _ENDS_PROCESSES = frozenset(
@@ -1400,6 +1417,8 @@ def _broken_rules(entry: SignatureEntry) -> list[tuple[str, str]]:
             broken.append(("tables", problem))
         if entry.pattern is None or "(?P<code" not in entry.pattern:
             broken.append(("tables", "the pattern needs a (?P<code>...) group naming the error"))
+    elif entry.unlisted != "classify":
+        broken.append(("unlisted", "only with tables"))
     if entry.escalate_after and (entry.escalate_after < 2 or not entry.knock_on or not node_class):
         broken.append(
             (
@@ -1427,6 +1446,7 @@ def _signature(entry: SignatureEntry) -> Signature:
         knock_on_xids=frozenset(entry.knock_on_xids),
         escalate_after=entry.escalate_after,
         tables=tuple(str(t) for t in entry.tables),
+        unlisted=str(entry.unlisted),
     )
 
 

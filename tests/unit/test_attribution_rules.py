@@ -355,7 +355,6 @@ APPLICATION_LINES = [
     "RuntimeError: CUDA error: device-side assert triggered",
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.78 GiB.",
     "RuntimeError: CUDA error: invalid device ordinal",
-    "Segmentation fault (core dumped)",
     "NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=python, Graphics Exception: ESR 0x405840",
     "ValueError: Loss is nan, stopping training",
 ]
@@ -367,6 +366,17 @@ def test_application_lines_never_blame_a_node(lines: list[str]) -> None:
     for nodes in (None, ["n1"], ["n1", "n2"]):
         got = verdict(lines, nodes=nodes)
         assert got.blame_nodes == [] and got.action == "stop"
+
+
+def test_a_segfault_alone_is_restarted_once_blaming_no_node() -> None:
+    """A segfault is a bug, a build, or a node's bad memory: the line cannot tell, and stopping
+    a job a bad node crashed loses it, so it is restarted (stop_on_same_failure stops a program
+    that crashes the same way again); an application error beside it still decides."""
+    for nodes in (None, ["n1"]):
+        got = verdict(["Segmentation fault (core dumped)"], nodes=nodes)
+        assert (got.action, got.fault_domain, got.blame_nodes) == ("requeue", "unknown", [])
+    got = verdict(["RuntimeError: CUDA error: invalid device ordinal", "Segmentation fault"])
+    assert (got.action, got.fault_domain) == ("stop", "application")
 
 
 @given(st.lists(st.sampled_from(ANY_LINES), max_size=8))
