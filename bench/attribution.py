@@ -330,6 +330,35 @@ def coverage_table() -> list[str]:
     return rows + [""] + (notes or ["- none"])
 
 
+def accuracy_tables(cases: Sequence[Case]) -> list[str]:
+    """The figures as Markdown (docs/signatures.md): each part and run, then each area of each
+    part, then the errors by kind."""
+    runs = {run: score(cases, with_nodes=n) for run, n in (("bare", False), ("`--nodes n1`", True))}
+    rows = [
+        "| run | part | cases | accuracy | node faults | recall | application faults blamed "
+        "| false blames |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for keys in ([*PARTS, "all"], None):
+        for run, scores in runs.items():
+            names = keys or sorted(k for k in scores if ":" in k)
+            for name in names:
+                if name not in scores:
+                    continue
+                r = scores[name]
+                shown = name.replace(":", ": ") if ":" in name else f"**{name}**"
+                rows.append(
+                    f"| {run} | {shown} | {r.cases} | {r.accuracy:.2f} | {r.node_faults} | "
+                    f"{r.recall:.2f} | {r.app_blamed} | {r.false_blames} |"
+                )
+    rows += ["", "| errors (bare) | " + " | ".join(PARTS) + " | all |"]
+    rows.append("| --- |" + " ---: |" * (len(PARTS) + 1))
+    for kind in ERROR_KINDS:
+        counts = [runs["bare"][p].errors[kind] if p in runs["bare"] else 0 for p in (*PARTS, "all")]
+        rows.append(f"| `{kind}` | " + " | ".join(str(n) for n in counts) + " |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, default=CORPUS)
@@ -346,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print the emitter coverage table (docs/signatures.md) instead",
     )
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the figures as docs/signatures.md has them"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--quick", action="store_true", help="same run (it takes seconds)")
     args = parser.parse_args(argv)
@@ -356,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.coverage:
         print("\n".join(coverage_table()))
+        return 0
+    if args.markdown:
+        print(corpus_line(cases) + "\n")
+        print("\n".join(accuracy_tables(cases)))
         return 0
     print(corpus_line(cases))
     figures: dict[str, dict[str, dict[str, object]]] = {}
