@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from types import MappingProxyType
@@ -108,9 +108,9 @@ def _normal(text: str) -> str:
     return " ".join(text.strip().strip("'\"").split()).rstrip(".").lower()
 
 
-#: A printf conversion in a message (``%s``, ``%lu``, ``%#x``, glibc's ``%m``, the kernel's ``%pV``,
-#: Slurm's ``%ps``, PRIu64): the
-#: message is a format, and what a conversion printed can be anything.
+#: A printf conversion in a message (``%s``, ``%lu``, ``%#x``, glibc's ``%m``, the kernel's
+#: ``%pV``, Slurm's ``%ps``, ``%"PRIu64"``): the message is a format, and what a conversion
+#: printed can be anything.
 _CONVERSION = re.compile(
     r"%\"PRI\w{1,8}\"|%[-+ #0']{0,4}(?:\d{1,3}|\*)?(?:\.(?:\d{1,3}|\*))?(?:hh|h|ll|l|z|j|t|L|q)?"
     r"(?:p(?:[A-Z][A-Za-z0-9]{0,2}|[a-z](?![a-z]))?|[diouxXeEfgGaAcsnm])"
@@ -142,34 +142,42 @@ def _in_order(line: str, pieces: tuple[str, ...]) -> bool:
 
 @dataclass(frozen=True)
 class EmitterTables:
-    """Every table, and the index :meth:`lookup` reads."""
+    """Every table, and the indexes :meth:`lookup` reads (built once, at load)."""
 
     tables: Mapping[str, EmitterTable]
+    #: (table, name) / (table, normalised message) / (table, value) -> member
+    _names: Mapping[tuple[str, str], Member] = field(init=False, repr=False, compare=False)
+    _messages: Mapping[tuple[str, str], Member] = field(init=False, repr=False, compare=False)
+    _values: Mapping[tuple[str, int], Member] = field(init=False, repr=False, compare=False)
+    #: ((table, message), member), the longest message first
+    _prefixes: tuple[tuple[tuple[str, str], Member], ...] = field(
+        init=False, repr=False, compare=False
+    )
+    #: (table, literal pieces, member), the most literal text first: the most specific form wins
+    _forms: tuple[tuple[str, tuple[str, ...], Member], ...] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         names: dict[tuple[str, str], Member] = {}
         messages: dict[tuple[str, str], Member] = {}
         values: dict[tuple[str, int], Member] = {}
+        forms = []
         for table in self.tables.values():
             for m in table.members:
                 names.setdefault((table.name, m.name), m)
                 if m.message:
                     messages.setdefault((table.name, _normal(m.message)), m)
+                    if pieces := literal_pieces(m.message):
+                        forms.append((table.name, pieces, m))
                 if m.value is not None:
                     values.setdefault((table.name, m.value), m)
+        forms.sort(key=lambda f: -sum(map(len, f[1])))
+        prefixes = sorted(messages.items(), key=lambda item: -len(item[0][1]))
         object.__setattr__(self, "_names", names)
         object.__setattr__(self, "_messages", messages)
         object.__setattr__(self, "_values", values)
-        by_length = sorted(messages.items(), key=lambda item: -len(item[0][1]))
-        object.__setattr__(self, "_prefixes", tuple(by_length))
-        # (table, pieces, member), the most literal text first: the most specific form wins
-        forms = [
-            (table.name, pieces, m)
-            for table in self.tables.values()
-            for m in table.members
-            if m.message and (pieces := literal_pieces(m.message))
-        ]
-        forms.sort(key=lambda f: -sum(map(len, f[1])))
+        object.__setattr__(self, "_prefixes", tuple(prefixes))
         object.__setattr__(self, "_forms", tuple(forms))
 
     def __iter__(self) -> Iterator[EmitterTable]:
@@ -189,7 +197,7 @@ class EmitterTables:
             return found
         if code.lstrip("-").isdigit():
             for table in order:
-                found = self._values.get((table, int(code)))  # type: ignore[attr-defined]
+                found = self._values.get((table, int(code)))
                 if found is not None:
                     return found
         # a wrapped error ("Could not synchronize CUDA stream: CUDA_ERROR_X: msg"): what
@@ -201,7 +209,7 @@ class EmitterTables:
                 return found
         # a message printed from a format ("execve(): %s: %s"), found inside the line
         line = " ".join(code.split()).lower()
-        for table, pieces, member in self._forms:  # type: ignore[attr-defined]
+        for table, pieces, member in self._forms:
             if table in order and _in_order(line, pieces):
                 return member
         return None
@@ -211,19 +219,19 @@ class EmitterTables:
         that begins with it."""
         code = code.strip()
         for table in order:
-            found = self._names.get((table, code))  # type: ignore[attr-defined]
+            found = self._names.get((table, code))
             if found is not None:
                 return found
         said = _normal(code)
         for table in order:
-            found = self._messages.get((table, said))  # type: ignore[attr-defined]
+            found = self._messages.get((table, said))
             if found is not None:
                 return found
-        for (table, message), member in self._prefixes:  # type: ignore[attr-defined]
+        for (table, message), member in self._prefixes:
             if table in order and len(message) >= MIN_LITERAL and said.startswith(message):
                 return member
         if len(said) >= MIN_LITERAL:  # a message printed without its hint ("(run with ...)")
-            for (table, message), member in self._prefixes:  # type: ignore[attr-defined]
+            for (table, message), member in self._prefixes:
                 if table in order and message.startswith(said):
                     return member
         return None

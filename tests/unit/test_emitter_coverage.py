@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bench.attribution import coverage_table
 from slurm_recovery.signals.coverage import coverage, mismatch, read_example
@@ -140,3 +142,20 @@ def test_a_table_that_miscounts_or_contradicts_itself_is_refused() -> None:
     problems = "\n".join(caught.value.problems)
     assert "members_total: 2, but 1 members" in problems
     assert "only a hardware or system member blames a node" in problems
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300), st.sampled_from(sorted(REQUIRED)))
+def test_a_lookup_of_any_text_names_a_member_of_its_table_or_none(code: str, name: str) -> None:
+    found = load_emitter_tables().lookup([name], code)
+    assert found is None or found.table == name
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=200), max_size=20))
+def test_scanning_any_lines_never_fails_and_table_matches_carry_their_code(lines) -> None:
+    for match in CATALOGUE.scan(lines):
+        signature = CATALOGUE.get(match.signature_id)
+        assert signature is not None
+        if signature.unlisted == "ignore":
+            assert match.code is not None
