@@ -195,7 +195,7 @@ class EmitterTables:
         found = self._exact(order, code)
         if found is not None:
             return found
-        if code.lstrip("-").isdigit():
+        if code.isascii() and code.lstrip("-").isdigit():
             for table in order:
                 found = self._values.get((table, int(code)))
                 if found is not None:
