@@ -106,7 +106,7 @@ def test_main_package_files(rpms: dict[str, Path]) -> None:
         for p in source.rglob("*")
         if p.is_file()
         and "__pycache__" not in p.parts
-        and (p.suffix == ".py" or p.match("*/data/*.toml"))
+        and (p.suffix == ".py" or p.match("*/data/*.toml") or p.match("*/data/emitters/*.toml"))
     }
     shipped = {f for f in files if f.startswith(f"{PREFIX}/slurm_recovery/") and "." in f}
     assert shipped == wanted

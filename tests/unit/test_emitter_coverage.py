@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.attribution import coverage_table
@@ -144,15 +144,15 @@ def test_a_table_that_miscounts_or_contradicts_itself_is_refused() -> None:
     assert "only a hardware or system member blames a node" in problems
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(max_size=300), st.sampled_from(sorted(REQUIRED)))
 def test_a_lookup_of_any_text_names_a_member_of_its_table_or_none(code: str, name: str) -> None:
     found = load_emitter_tables().lookup([name], code)
     assert found is None or found.table == name
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(max_size=200), max_size=20))
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.text(max_size=160), max_size=12))
 def test_scanning_any_lines_never_fails_and_table_matches_carry_their_code(lines) -> None:
     for match in CATALOGUE.scan(lines):
         signature = CATALOGUE.get(match.signature_id)
