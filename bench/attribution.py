@@ -109,11 +109,8 @@ def sealed_threads(root: Path = CORPUS) -> frozenset[str]:
         text = (root / SEALED_LIST).read_text(encoding="utf-8")
     except FileNotFoundError:
         return frozenset()
-    lines = (
-        line.split("#", 1)[0].strip() if line.startswith("#") else line.strip()
-        for line in text.splitlines()
-    )
-    return frozenset(thread_of(line) for line in lines if line)
+    lines = (line.strip() for line in text.splitlines())
+    return frozenset(thread_of(line) for line in lines if line and not line.startswith("#"))
 
 
 def load_case(path: Path, area: str) -> Case:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NoReturn, cast
 
 import click
 
@@ -77,45 +78,31 @@ def explain_log(
     try:
         nodes = hostlist.expand(nodes_expr) if nodes_expr else None
     except hostlist.HostlistError as exc:
-        click.echo(f"srecovery explain-log: --nodes: {exc}", err=True)
-        ctx.exit(EXIT_USAGE)
-        return
+        refuse(ctx, f"--nodes: {exc}")
     exit_code: ExitCode | None = None
     if exit_text is not None:
         try:
             exit_code = parse_exit_code(exit_text)
         except ValueError as exc:
-            click.echo(f"srecovery explain-log: --exit-code: {exc}", err=True)
-            ctx.exit(EXIT_USAGE)
-            return
+            refuse(ctx, f"--exit-code: {exc}")
     if policy_file is not None and state is None and exit_code is None:
-        click.echo("srecovery explain-log: --policy needs --state or --exit-code", err=True)
-        ctx.exit(EXIT_USAGE)
-        return
+        refuse(ctx, "--policy needs --state or --exit-code")
     policy = Policy()
     if policy_file is not None:
         try:
             policy = load_policy(policy_file)
         except PolicyError as exc:
-            click.echo(f"srecovery explain-log: --policy: {exc}", err=True)
-            ctx.exit(EXIT_USAGE)
-            return
+            refuse(ctx, f"--policy: {exc}")
     try:
         catalogue = default_catalogue()
     except ConfigError as exc:
-        click.echo(f"srecovery explain-log: {exc}", err=True)
-        ctx.exit(EXIT_USAGE)
-        return
+        refuse(ctx, str(exc))
     matches: list[Match] = []
     for path in paths:
         try:
             matches.extend(catalogue.scan_file(path, source=str(path)))
         except OSError as exc:
-            click.echo(
-                f"srecovery explain-log: {path}: cannot read it: {exc.strerror or exc}", err=True
-            )
-            ctx.exit(EXIT_UNREADABLE)
-            return
+            refuse(ctx, f"{path}: cannot read it: {exc.strerror or exc}", EXIT_UNREADABLE)
     verdict = classify(matches, nodes=nodes, catalogue=catalogue)
     decision = None
     if state is not None or exit_code is not None:
@@ -202,16 +189,21 @@ def decision_json(decision: EndedJobDecision, verdict: LogVerdict) -> dict[str, 
 
 def echo_decision(decision: EndedJobDecision, verdict: LogVerdict) -> None:
     out = decision_json(decision, verdict)
-    controller = out["controller"]
-    assert isinstance(controller, dict)
-    blame = hostlist.compress(sorted(decision.verdict.nodes)) if decision.verdict else ""
+    controller = cast(dict[str, object], out["controller"])
+    blame = cast(list[str], out["blame_nodes"])
     click.echo(
         f"as the controller, for a job Slurm ended {decision.state} "
         f"(exit {decision.exit_code}) on {hostlist.compress(list(decision.nodes))}:"
     )
     click.echo(f"fault domain: {out['fault_domain']}")
     click.echo(f"category:     {verdict.category}")
-    click.echo(f"blame nodes:  {blame or 'none'}")
+    click.echo(f"blame nodes:  {hostlist.compress(blame) or 'none'}")
     click.echo(f"action:       {decision.action}")
     click.echo(f"reason:       {controller['reason']}")
     click.echo(f"log alone:    {verdict.action} ({verdict.cause})")
+
+
+def refuse(ctx: click.Context, problem: str, code: int = EXIT_USAGE) -> NoReturn:
+    """Say why on stderr and exit with ``code`` (bad usage unless told otherwise)."""
+    click.echo(f"srecovery explain-log: {problem}", err=True)
+    ctx.exit(code)

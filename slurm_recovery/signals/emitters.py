@@ -30,10 +30,12 @@ from typing import Annotated
 
 import msgspec
 
+from slurm_recovery.contract.catalogue import FaultClass
 from slurm_recovery.schema import Choice, SchemaError, convert, parse_toml
+from slurm_recovery.signals.xid import LOG_ACTIONS
 
-CLASSES = ("hardware", "system", "application", "unknown", "unclassified")
-ACTIONS = ("requeue_exclude", "requeue", "stop", "none")
+#: A member's class: a fault class, or ``unclassified`` (a wrapper whose wrapped error decides)
+CLASSES = (*(str(c) for c in FaultClass), "unclassified")
 
 
 class EmitterError(SchemaError):
@@ -45,7 +47,7 @@ class MemberClass(Choice):
 
 
 class MemberAction(Choice):
-    OPTIONS = ACTIONS
+    OPTIONS = LOG_ACTIONS
 
 
 class MemberEntry(

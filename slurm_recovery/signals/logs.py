@@ -30,9 +30,11 @@ from typing import Annotated, Any, Self
 
 import msgspec
 
+from slurm_recovery.contract.catalogue import FaultClass
 from slurm_recovery.schema import Checked, Choice, SchemaError, parse_toml
 from slurm_recovery.signals.emitters import EmitterTables, load_emitter_tables
 from slurm_recovery.signals.xid import (
+    LOG_ACTIONS,
     Text,
     XidCatalogue,
     catalogue_entries,
@@ -61,8 +63,8 @@ __all__ = [
     "scan",
 ]
 
-CLASSES = ("hardware", "system", "application", "unknown")
-ACTIONS = ("requeue_exclude", "requeue", "stop", "none")
+CLASSES = tuple(str(c) for c in FaultClass)
+ACTIONS = LOG_ACTIONS
 PARSERS = ("regex", "xid")
 #: What a signature with ``tables`` does with a line whose code no member names: classify it
 #: with its own class and action, or leave the line to the entries after it.
