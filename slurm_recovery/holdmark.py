@@ -34,6 +34,7 @@ CANCEL_NOTE = "srecovery: cancelled: "
 
 _OPEN, _CLOSE = "[", "]"
 _MARK = re.compile(r"srecovery:held:(\d+):(\d+)")
+_REQUEUED = re.compile(r"srecovery: requeued after incident (\d+)\b")
 #: The tool's segment: at the very end, after the site's text and one space (or alone).
 _SEGMENT = re.compile(r"(?:^| )\[(srecovery:[^\[\]]*)\]\Z")
 #: Whole comments written by releases before the segment: the tool's text alone.
@@ -126,6 +127,15 @@ def requeued_by_tool(comment: str) -> bool:
     """The tool holds the job (its mark) or requeued it (its ``requeued`` note)."""
     text = tool_text(comment)
     return parse_hold_mark(comment) is not None or text.startswith("srecovery: requeued")
+
+
+def requeue_incident(comment: str) -> int | None:
+    """The incident whose restart the job is in (its hold mark or its ``requeued`` note)."""
+    mark = parse_hold_mark(comment)
+    if mark is not None:
+        return mark[0]
+    found = _REQUEUED.match(tool_text(comment))
+    return int(found.group(1)) if found else None
 
 
 def cancelled_by_tool(comment: str) -> bool:

@@ -586,6 +586,14 @@ def attention_lines(state: ViewState) -> list[Text]:
                     style="bold yellow",
                 )
             )
+        for item in snap.status.get("unplaceable") or []:
+            lines.append(
+                Text(
+                    f"job {item.get('job_id')} cannot start (incident {item.get('incident')}): "
+                    f"{item.get('reason', '')}",
+                    style="bold yellow",
+                )
+            )
         for item in reversed(snap.status.get("errors") or []):
             lines.append(
                 Text(

@@ -260,6 +260,14 @@ def _print_status(info: dict[str, Any]) -> None:
             [[n["incident"], n["job_id"], n["reason"]] for n in needs],
         )
 
+    stuck = info.get("unplaceable") or []  # absent from a controller older than this CLI
+    click.echo(f"\nCannot run (needs an operator): {len(stuck) or 'none'}")
+    if stuck:
+        table(
+            ["JOB", "INCIDENT", "REASON"],
+            [[s["job_id"], s["incident"] or "-", s["reason"]] for s in stuck],
+        )
+
     errors = info["errors"]
     click.echo(f"\nLast errors: {'none' if not errors else ''}".rstrip())
     for error in errors:

@@ -50,7 +50,7 @@ EVIDENCE_HORIZON = 3600.0
 #: Evidence kinds attribution never reads, left out of replay inputs (they are the bulk).
 REPLAY_SKIP_KINDS = ("progress", "gpu_activity", "gpu_inventory", "flight_recorder", SLURM_CHANGE)
 #: The tool's own Slurm steps, as /v1/history/slurm reports them.
-TOOL_STEPS = ("drain", "requeue_hold", "cancel", "exclude", "release")
+TOOL_STEPS = ("drain", "requeue_hold", "cancel", "exclude", "unexclude", "release")
 
 
 def iso(ts: float | None) -> str | None:

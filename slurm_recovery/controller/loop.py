@@ -902,6 +902,7 @@ class Reconciler:
             ),
             "begin_now": lambda: s.set_begin_now(job_id, at=step.params.get("at")),
             "release": lambda: s.release(job_id),
+            "unexclude": lambda: s.add_excluded_nodes(job_id, (), drop=[step.target]),
             "cancel": lambda: s.cancel(job_id, step.params["reason"]),
         }
         return calls[step.name]

@@ -97,6 +97,11 @@ class Metrics:
         )
         for rule in NEEDS_OPERATOR_RULES:  # each series from 0, so increase() sees the first
             self.needs_operator.labels(rule)
+        self.jobs_unplaceable = Gauge(
+            "srecovery_jobs_unplaceable",
+            "Jobs the tool requeued that cannot start: too few usable nodes in their partition",
+            registry=r,
+        )
         self.slurm_unreachable = Counter(
             "srecovery_slurm_unreachable",
             "Passes skipped because slurmctld did not answer",

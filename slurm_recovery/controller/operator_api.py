@@ -408,6 +408,7 @@ class _OperatorApi:
             },
             "drained_by_tool": sorted(view.drained_by_tool) if view else [],
             "excluded_by_tool": sorted(views.excluded_by_tool(view)) if view else [],
+            "unplaceable": views.waiting_without_room(view) if view else [],
             "drained_by_operator": sorted(
                 name
                 for name, node in nodes.items()

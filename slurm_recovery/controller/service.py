@@ -199,6 +199,7 @@ class Controller:
         self.catalogue = load_xid_catalogue()
         self.cluster = ""
         self.node_addresses: dict[str, frozenset[str]] = {}
+        self._unplaceable_jobs: set[int] = set()  # the jobs last seen waiting without room
         self.address_book = AddressBook()
         self.reconciler: Reconciler | None = None
         self._wake = asyncio.Event()
@@ -313,7 +314,19 @@ class Controller:
             self.node_addresses = self.address_book.addresses(view.nodes, view.now)
             self.metrics.nodes_drained.set(len(view.drained_by_tool))
             self.metrics.nodes_excluded.set(len(views.excluded_by_tool(view)))
+            self._report_unplaceable(views.waiting_without_room(view))
         return busy
+
+    def _report_unplaceable(self, waiting: list[dict[str, Any]]) -> None:
+        """The gauge, and one warning in the journal when a job starts waiting without room."""
+        self.metrics.jobs_unplaceable.set(len(waiting))
+        now = {w["job_id"] for w in waiting}
+        for w in waiting:
+            if w["job_id"] not in self._unplaceable_jobs:
+                log.warning(
+                    "job %d (incident %s) cannot start: %s", w["job_id"], w["incident"], w["reason"]
+                )
+        self._unplaceable_jobs = now
 
     # --- authentication ----------------------------------------------------------------
 

@@ -17,7 +17,8 @@ from slurm_recovery.controller.loop import milestone_latencies
 from slurm_recovery.decide.cleared import cleared_ids
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.model import Evidence as CoreEvidence
-from slurm_recovery.holdmark import requeued_by_tool
+from slurm_recovery.decide.placement import shortfall
+from slurm_recovery.holdmark import requeue_incident, requeued_by_tool
 from slurm_recovery.store import Advice, AuditRow, EvidenceRecord, Incident, NodeState, Store
 from slurm_recovery.store.store import MILESTONE_ORDER
 
@@ -752,3 +753,23 @@ def excluded_by_tool(view: ClusterView) -> set[str]:
         if job.active and requeued_by_tool(job.admin_comment):
             nodes |= job.excluded_nodes
     return nodes
+
+
+def waiting_without_room(view: ClusterView) -> list[dict[str, Any]]:
+    """The jobs the tool requeued that cannot start: pending, not held, with too few usable
+    nodes left in their partition (:mod:`~slurm_recovery.decide.placement`). Read from the
+    listing on every pass, so a job is shown whatever took its room (the tool's exclusion, a
+    drain since) and drops out when an operator makes room."""
+    found = []
+    for job in sorted(view.jobs.values(), key=lambda j: j.job_id):
+        if job.state != "PENDING" or job.held or not requeued_by_tool(job.admin_comment):
+            continue
+        if short := shortfall(job, view.nodes, job.excluded_nodes):
+            found.append(
+                {
+                    "job_id": job.job_id,
+                    "incident": requeue_incident(job.admin_comment),
+                    "reason": f"needs operator: {short.words()}",
+                }
+            )
+    return found

@@ -8,6 +8,9 @@ the one that decided):
 0. ``app_fault.running``: an application fault seen in the log of a job that is still running
    -> none, and no drain: advice only (a log line alone never stops, requeues or drains; the
    job's crash, or its hang past the deadline, is decided with the same lines).
+0. ``hetjob``: a component of a heterogeneous job (``sbatch ... : ...``) -> none, needs an
+   operator, its nodes still drained: Slurm restarts such a job only as a whole, and a restart
+   with exclusions per component is not built, so no half action (docs/policy.md).
 1. ``do_not_requeue_exit_codes``: the job exited with such a code (NVRx's 93) -> stop.
 2. ``classes.<class>.action`` when it is ``stop`` or ``none`` (an application fault -> stop).
 2a. ``interactive_jobs``: an interactive job (srun/salloc), which Slurm cannot requeue -> none
@@ -17,6 +20,9 @@ the one that decided):
 3. ``max_restarts``: the tool already restarted this job that many times -> stop.
 4. ``max_excluded_nodes``: excluding the implicated nodes would leave the job with more excluded
    nodes than allowed -> stop, needs an operator.
+4a. ``unplaceable``: without the excluded and drained nodes, the job's partition has fewer
+   usable nodes than it needs (:mod:`~slurm_recovery.decide.placement`) -> requeue anyway,
+   needs an operator (``unplaceable = "wait"``, the default) or stop, needs an operator.
 5. ``classes.<class>.action``: requeue excluding the implicated nodes (``requeue_exclude``), or
    requeue anywhere (``requeue``; also ``requeue_exclude`` when no node is implicated). Either
    way the job's nodes the site's health check has drained (``ClusterView.health_check_drained``)
@@ -49,12 +55,19 @@ from slurm_recovery.decide.model import (
     Verdict,
     partition_sizes,
 )
+from slurm_recovery.decide.placement import shortfall
 from slurm_recovery.decide.policy import NODE_CLASSES, ClassPolicy, Policy
 from slurm_recovery.scheduler.base import Job, Node
 
 #: The rules whose advice needs an operator (``Advice.needs_operator``); the metric
 #: ``srecovery_needs_operator_total`` has a series for each from the start.
-NEEDS_OPERATOR_RULES = ("blast_radius", "max_excluded_nodes", "job.required_nodes")
+NEEDS_OPERATOR_RULES = (
+    "blast_radius",
+    "max_excluded_nodes",
+    "job.required_nodes",
+    "unplaceable",
+    "hetjob",
+)
 
 
 def needs_operator_rule(advice: Advice) -> str:
@@ -105,6 +118,13 @@ def advise(
     elif straggler and not policy.straggler.restart:
         action, rule = Action.NONE, "straggler.restart"
         what = f"{cause}: reported only (straggler.restart = false)"
+    elif job.het_job_id:
+        action, rule, needs_operator = Action.NONE, "hetjob", True
+        what = (
+            f"{cause}: not restarted, needs operator: job {job.job_id} is component "
+            f"{job.het_job_offset} of heterogeneous job {job.het_job_id}, which the tool does "
+            "not requeue or stop (Slurm restarts it only as a whole)"
+        )
     elif incident.kind is IncidentKind.CRASH and code in policy.do_not_requeue_exit_codes:
         action, rule = Action.STOP, "do_not_requeue_exit_codes"
         what = f"exit code {code} (the job asked not to be requeued): stop"
@@ -175,6 +195,18 @@ def advise(
                 else f"{class_rule} = requeue"
             )
             what = f"{cause}: requeue without exclusion ({why}) {restart}"
+        left_out = (job.excluded_nodes - unexclude) | exclude | drains.drain
+        requeue = action in (Action.REQUEUE, Action.REQUEUE_EXCLUDE)
+        if requeue and (short := shortfall(job, view.nodes, left_out)):
+            needs_operator, rule = True, "unplaceable"
+            if policy.unplaceable == "stop":
+                action, exclude, unexclude = Action.STOP, frozenset(), frozenset()
+                what = f"{cause}: stop, needs operator: {short.words()} (unplaceable = stop)"
+            else:
+                what += (
+                    f"; it cannot run until an operator acts, needs operator: {short.words()} "
+                    "(unplaceable = wait)"
+                )
 
     if drains.refused:
         needs_operator = True

@@ -66,6 +66,10 @@ class InteractiveJobs(Choice):
     OPTIONS = ("leave", "cancel")
 
 
+class Unplaceable(Choice):
+    OPTIONS = ("wait", "stop")
+
+
 class SettleDuration(Duration):
     """How long a crash waits for late node evidence: recovery waits this long, so short."""
 
@@ -235,6 +239,9 @@ class Policy:
     #: an interactive (srun/salloc) job that needs a restart, which Slurm cannot requeue:
     #: "leave" it to end on its own, or "cancel" it
     interactive_jobs: str = "leave"
+    #: a job the exclusions leave too few usable nodes: "wait" (requeue it excluding them,
+    #: flagged as needing an operator) or "stop" it (decide/placement.py)
+    unplaceable: str = "wait"
     classes: Mapping[FaultClass, ClassPolicy] = field(default_factory=_default_classes)
     blast_radius: BlastRadius = field(default_factory=BlastRadius)
     fatal_evidence_window: EvidenceWindow = field(default_factory=EvidenceWindow)
@@ -271,6 +278,7 @@ class _PolicyFile(msgspec.Struct, kw_only=True, **_TABLE):
     xid_repeats: Count = Policy.xid_repeats
     do_not_requeue_exit_codes: tuple[ExitCode, ...] = tuple(Policy.do_not_requeue_exit_codes)
     interactive_jobs: InteractiveJobs = InteractiveJobs(Policy.interactive_jobs)
+    unplaceable: Unplaceable = Unplaceable(Policy.unplaceable)
     partitions: dict[str, _PartitionTable] = {}
     classes: _ClassTables = _ClassTables()
     blast_radius: BlastRadius = BlastRadius()
@@ -290,6 +298,7 @@ class _PolicyFile(msgspec.Struct, kw_only=True, **_TABLE):
             xid_repeats=self.xid_repeats,
             do_not_requeue_exit_codes=frozenset(self.do_not_requeue_exit_codes),
             interactive_jobs=str(self.interactive_jobs),
+            unplaceable=str(self.unplaceable),
             classes=self.classes.by_class(),
             blast_radius=self.blast_radius,
             fatal_evidence_window=self.fatal_evidence_window,

@@ -24,6 +24,7 @@ from typing import Any
 
 from slurm_recovery.contract.hostlist import compress
 from slurm_recovery.decide.model import Action, Mode
+from slurm_recovery.decide.placement import usable
 from slurm_recovery.scheduler.base import Job, Node, earliest_restart
 
 #: Job states from which ``requeue_hold`` moves a job back to pending.
@@ -142,6 +143,7 @@ def next_step(
     done = dict(done)
     changes: list[Change] = []
     found: list[Step] = []
+    back: set[str] = set()  # drained by the tool, resumed since and usable: back in service
 
     # Drains first: a node the advice drains is drained whatever happens to the job.
     for name in sorted(plan.drain):
@@ -149,6 +151,8 @@ def next_step(
         if ("drain", name) in done:
             if shown is not None and not shown.drained:
                 changes.append(Change("resumed", name, f"{name} resumed after the tool drained it"))
+                if usable(shown):
+                    back.add(name)
             continue
         if shown is None:
             continue  # Slurm does not know it: nothing to drain
@@ -179,7 +183,7 @@ def next_step(
         return Next(Close(f"stopped: {plan.reason}", "stopped"), tuple(found), tuple(changes))
     if job is None:
         return Next(Close("job no longer in Slurm"), tuple(found), tuple(changes))
-    restart = _restart(plan, job, base, done, now, hold_mark_of, watchdog_released_at)
+    restart = _restart(plan, job, base, done, now, hold_mark_of, watchdog_released_at, back)
     return Next(restart.action, tuple(found) + restart.found, tuple(changes) + restart.changes)
 
 
@@ -191,8 +195,14 @@ def _restart(
     now: float,
     mark: tuple[int, int] | None,
     watchdog_released_at: float | None,
+    back: set[str],
 ) -> Next:
-    """Mark -> requeue held -> exclude -> begin time -> release -> unmark -> running again."""
+    """Mark -> requeue held -> exclude -> begin time -> release -> unmark -> running again.
+
+    While the released job waits, an exclusion of a node that the tool drained and an operator
+    has since resumed is dropped (``unexclude``, one step per node): the operator's resume says
+    the node is repaired, and a job that needs it (a job spanning its partition) would
+    otherwise wait for ever."""
     target = f"job {job.job_id}"
     ours = mark is not None and mark[0] == plan.incident_id
     found: list[Step] = []
@@ -203,6 +213,14 @@ def _restart(
 
     def result(action: Step | Wait | Close) -> Next:
         return Next(action, tuple(found), tuple(changes))
+
+    dropped = {name for name in plan.exclude if ("unexclude", name) in done}
+
+    def waiting(why: str) -> Next:
+        """Wait for Slurm to start the job, first dropping exclusions of repaired nodes."""
+        for name in sorted((back & plan.exclude & job.excluded_nodes) - dropped):
+            return result(Step("unexclude", name, {"job": job.job_id}))
+        return result(Wait(why))
 
     # What Slurm shows done that has no record: the controller stopped after the call.
     shown = []
@@ -250,7 +268,7 @@ def _restart(
     if job.state == "RUNNING":
         if ours and not is_done("unmark"):
             return result(Step("unmark", target))
-        on_excluded = plan.exclude & set(job.nodes)
+        on_excluded = (plan.exclude - dropped) & set(job.nodes)
         if on_excluded and not released:
             return result(
                 Close(
@@ -274,13 +292,12 @@ def _restart(
             if plan.unexclude:
                 params["unexclude"] = sorted(plan.unexclude)
             return result(Step("exclude", target, params, milestone="excluded"))
-    elif is_done("exclude") and not plan.exclude <= job.excluded_nodes:
+    elif is_done("exclude") and (gone := plan.exclude - dropped - job.excluded_nodes):
         changes.append(
             Change(
                 "unexcluded",
                 target,
-                f"exclusion of {compress(plan.exclude - job.excluded_nodes)} removed after "
-                "the tool set it",
+                f"exclusion of {compress(gone)} removed after the tool set it",
             )
         )
     if released or watchdog_released_at is not None:
@@ -289,12 +306,12 @@ def _restart(
             return result(Wait("held by someone else after the tool released it"))
         if ours and not is_done("unmark"):
             return result(Step("unmark", target))
-        return result(Wait("released: waiting for resources"))
+        return waiting("released: waiting for resources")
     if not job.held:
         changes.append(Change("released", target, "released by someone else"))
         if ours and not is_done("unmark"):
             return result(Step("unmark", target))
-        return result(Wait("released: waiting for resources"))
+        return waiting("released: waiting for resources")
     if not ours and is_done("mark"):
         # our hold mark is gone: someone changed the comment while we held the job; it is
         # still our hold (the requeue is ours), so the restart goes on

@@ -111,6 +111,12 @@ class Job:
     #: node -> the GPU indices (GRES ``IDX``) the job holds there; a node where it holds none
     #: is absent. None: Slurm did not say (no GRES detail, ``IDX:N/A``, MPS/shard sharing).
     gpus: Mapping[str, frozenset[int]] | None = field(default=None, hash=False)
+    #: a heterogeneous job's component (``sbatch ... : ...``): its leader's id (the first
+    #: component's own) and its place in the job; 0 and 0 off heterogeneous jobs
+    het_job_id: int = 0
+    het_job_offset: int = 0
+    #: ``--constraint`` as typed (``"a100&ib"``); "" when none
+    features: str = ""
 
     @property
     def pending_array_record(self) -> bool:
@@ -144,6 +150,8 @@ class Node:
     reason_set_by: str = ""  # the user who set ``reason``
     reason_changed_at: int = 0
     gpus: int = 0  # GPU GRES configured on the node (``Gres=gpu:8``); 0: none, or not known
+    #: the node's active features (what ``--constraint`` matches); None: not known
+    features: frozenset[str] | None = None
 
     @property
     def drained(self) -> bool:

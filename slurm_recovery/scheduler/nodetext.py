@@ -30,7 +30,7 @@ ENV = {"SLURM_TIME_FORMAT": "%s"}
 
 _FIELD = {
     key: re.compile(rf" {key}=(\S*)")
-    for key in ("State", "Partitions", "NodeAddr", "NodeHostName", "Gres")
+    for key in ("State", "Partitions", "NodeAddr", "NodeHostName", "Gres", "ActiveFeatures")
 }
 #: Where a line's free text starts: Slurm prints these after every fixed field (22.05-25.11).
 _FREE_TEXT = re.compile(
@@ -78,7 +78,13 @@ def node_from_line(line: str) -> Node | None:
         reason_set_by=set_by,
         reason_changed_at=changed_at,
         gpus=gpu_count(values["Gres"]),  # "(null)" counts none, as the JSON's ""
+        features=_features(values["ActiveFeatures"]) if " ActiveFeatures=" in head else None,
     )
+
+
+def _features(text: str) -> frozenset[str]:
+    """``ActiveFeatures=a100,ib`` -> its names; ``(null)`` is none."""
+    return frozenset(f for f in text.split(",") if f and f != "(null)")
 
 
 class NodeLines:

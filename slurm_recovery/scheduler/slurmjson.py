@@ -254,6 +254,9 @@ def job_from_json(data: Mapping[str, Any], *, slurm: str = "unknown", where: str
         array_task_id=array_task_id,
         batch=r.flag("batch_flag", True),  # every release 22.05-25.11 prints it: required
         gpus=job_gpus(nodes, r.get("gres_detail", required=False), r),
+        het_job_id=r.number("het_job_id", required=False) or 0,
+        het_job_offset=r.number("het_job_offset", required=False) or 0,
+        features=r.text("features", required=False),
     )
 
 
@@ -282,6 +285,7 @@ def node_from_json(data: Mapping[str, Any], *, slurm: str = "unknown", where: st
         reason_set_by=r.text("reason_set_by_user", required=False) if reason else "",
         reason_changed_at=(r.number("reason_changed_at", required=False) or 0) if reason else 0,
         gpus=gpu_count(r.text("gres", required=False)),
+        features=(frozenset(r.names("active_features")) if "active_features" in data else None),
     )
 
 

@@ -5,6 +5,7 @@ and `srecovery sim inject --xid 79` on one of its nodes."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,6 +90,56 @@ def test_injected_xid_moves_the_job_off_the_node(stack):
             }
         assert set(first.nodes) <= starts
     finally:
+        subprocess.run(["scancel", str(job_id)], env=env)
+        for node in sched.list_nodes():
+            if node.drained:
+                sched.resume_node(node.name)
+
+
+def test_a_recovery_waiting_for_a_stopped_slurmctld_finishes_soon_after_it_answers(stack):
+    """Issue 30 item 2, on the production path: slurmctld stopped (SIGSTOP) for 12 s (past the
+    tool's 10 s command timeout; the issue's probe stopped it 20 s) while an XID hits a running
+    2-node job through the node's sidecar; once slurmctld answers again the restart finishes
+    within 5 s (a recovery on a healthy slurmctld takes 1-4 s)."""
+    sched = ScontrolScheduler(timeout=10, slurm_conf=str(stack.cluster.slurm_conf))
+    env = localcluster.slurm_env(stack.cluster)
+    job_id = int(
+        subprocess.run(
+            ["sbatch", "--parsable", "-N2", "--wrap=sleep 600"],
+            env=env,
+            cwd="/tmp",
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split(";")[0]
+    )
+    pid = localcluster.status(stack.cluster.base)["processes"]["slurmctld"]["pid"]
+    try:
+        bad = wait_for(lambda: (j := sched.get_job(job_id)).state == "RUNNING" and j).nodes[1]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(2)
+            out = srecovery(stack, "sim", "inject", "--node", bad, "--gpu", "0", "--xid", "79")
+            assert out.returncode == 0, out.stderr
+            time.sleep(10)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        back = time.time()
+        again = wait_for(
+            lambda: (j := sched.get_job(job_id)).state == "RUNNING" and j.restart_count == 1 and j,
+            timeout=60,
+        )
+        took = time.time() - back
+        assert bad not in again.nodes and bad in again.excluded_nodes
+        client = ControllerClient(stack.url, munge_socket=str(stack.cluster.munge_socket))
+        incident = client.get(f"/v1/jobs/{job_id}")["incidents"][0]
+        milestones = incident["milestones"]
+        released = datetime.fromisoformat(milestones["released"]).timestamp() - back
+        print(f"slurmctld back -> released {released:.1f}s, running {took:.1f}s; {milestones}")
+        assert released < 5, f"released {released:.1f}s after slurmctld answered again"
+        assert sched.get_job(job_id).restart_count == 1
+    finally:
+        os.kill(pid, signal.SIGCONT)
         subprocess.run(["scancel", str(job_id)], env=env)
         for node in sched.list_nodes():
             if node.drained:

@@ -146,6 +146,21 @@ def test_status_reads_like_systemctl(config, monkeypatch):
     assert "\x1b[" not in out  # no colour without a terminal
 
 
+def test_status_lists_the_jobs_that_cannot_start(config, monkeypatch):
+    info = copy.deepcopy(ACTIVE)
+    reason = "needs operator: job needs 4 nodes, 3 are usable after excluding n2"
+    info["unplaceable"] = [{"job_id": 4400, "incident": 43, "reason": reason}]
+    out = run(config, FakeClient({"/v1/status": info}), monkeypatch, "status").output
+    assert "Cannot run (needs an operator): 1" in out
+    (row,) = [line for line in out.splitlines() if line.lstrip().startswith("4400")]
+    assert row.split()[:2] == ["4400", "43"] and row.rstrip().endswith(reason)
+    # a controller older than this CLI does not send the list: nothing, not an error
+    assert (
+        "Cannot run (needs an operator): none"
+        in run(config, FakeClient({"/v1/status": ACTIVE}), monkeypatch, "status").output
+    )
+
+
 @pytest.mark.parametrize(
     ("watchdog", "shown"),
     [

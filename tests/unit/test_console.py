@@ -170,6 +170,13 @@ def test_every_panel_says_what_the_controller_said(size):
     assert "drain n9 refused" in attention or size == (80, 24)  # one line of room there
 
 
+def test_a_job_that_cannot_start_needs_attention():
+    reason = "needs operator: job needs 4 nodes, 3 are usable after excluding n2"
+    stuck = [{"job_id": 4400, "incident": 43, "reason": reason}]
+    lines = console.attention_lines(console.ViewState(snapshot=snapshot(unplaceable=stuck)))
+    assert f"job 4400 cannot start (incident 43): {reason}" in [str(line) for line in lines]
+
+
 def test_a_small_window_shows_fewer_rows_and_says_how_many_more():
     many = [incident(i, 5000 + i) for i in range(60, 0, -1)]
     lines = frame(console.ViewState(snapshot=snapshot(incidents=many)), 80, 24)

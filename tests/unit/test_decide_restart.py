@@ -169,7 +169,64 @@ def test_the_tools_repaired_exclusions_are_dropped_by_the_exclude_step():
     assert nxt.action.params == {"nodes": ["n1"], "unexclude": ["n2", "n3"]}
 
 
-STEPS = ("drain", "mark", "requeue_hold", "exclude", "begin_now", "release", "unmark", "cancel")
+RELEASED = {
+    **DRAINED,
+    ("mark", T): 1.0,
+    ("requeue_hold", T): 2.0,
+    ("exclude", T): 3.0,
+    ("begin_now", T): 3.5,
+    ("release", T): 4.0,
+    ("unmark", T): 5.0,
+}
+
+
+def test_a_waiting_job_stops_excluding_a_node_the_operator_resumed():
+    """Issue 30: a job spanning its partition, requeued excluding n2, waits; the operator
+    repairs and resumes n2: the tool drops its own exclusion so the job can start."""
+    waiting = job("PENDING", 1, nodes=(), excluded={"n2"})
+    assert step(waiting, RELEASED).action == Wait("released: waiting for resources")
+    nxt = step(waiting, RELEASED, nodes(drained=()))
+    assert nxt.action == Step("unexclude", "n2", {"job": 7})
+    assert [c.what for c in nxt.changes] == ["resumed"]
+    # once done: waits, no "exclusion removed by someone else" record, and running on n2 is
+    # the restart, not a release onto an excluded node
+    dropped = {**RELEASED, ("unexclude", "n2"): 6.0}
+    after = step(job("PENDING", 1, nodes=()), dropped, nodes(drained=()))
+    assert after.action == Wait("released: waiting for resources")
+    assert [c.what for c in after.changes] == ["resumed"]
+    running = step(job("RUNNING", 1, nodes=("n1", "n2")), dropped, nodes(drained=()))
+    assert running.action == Close("restarted on n[1-2]", "running_again")
+
+
+def test_a_resumed_node_that_is_down_or_a_held_job_keeps_the_exclusion():
+    waiting = job("PENDING", 1, nodes=(), excluded={"n2"})
+    down = nodes(drained=()) | {"n2": Node("n2", "DOWN")}
+    assert isinstance(step(waiting, RELEASED, down).action, Wait)
+    held = job("PENDING", 1, held=True, nodes=(), excluded={"n2"})
+    assert isinstance(step(held, RELEASED, nodes(drained=())).action, Wait)
+
+
+def test_only_the_tools_drained_exclusions_are_dropped():
+    """A node excluded without a drain (below drain_min_confidence) is idle in Slurm from the
+    start: not a repair, so it stays excluded."""
+    plan = Plan(3, 1, Action.REQUEUE_EXCLUDE, Mode.ACT, "x", exclude=frozenset({"n2"}))
+    done = {k: v for k, v in RELEASED.items() if k[0] != "drain"}
+    waiting = job("PENDING", 1, nodes=(), excluded={"n2"})
+    assert isinstance(step(waiting, done, nodes(drained=()), plan=plan).action, Wait)
+
+
+STEPS = (
+    "drain",
+    "mark",
+    "requeue_hold",
+    "exclude",
+    "begin_now",
+    "release",
+    "unmark",
+    "cancel",
+    "unexclude",
+)
+NODE_STEPS = ("drain", "unexclude")
 
 
 @given(
@@ -198,7 +255,7 @@ def test_a_step_recorded_done_is_never_asked_again(
         excluded=excluded,
         nodes=() if state == "PENDING" else ("n1", "n2"),
     )
-    recorded = {(s, "n2" if s == "drain" else T): 1.0 for s in done}
+    recorded = {(s, "n2" if s in NODE_STEPS else T): 1.0 for s in done}
     nxt = step(
         the_job,
         recorded,
@@ -229,7 +286,7 @@ def test_a_completing_job_is_never_requeued(restart, held, marked, done, action)
     a begin time set then back by its whole requeue delay."""
     plan = Plan(3, 1, action, Mode.ACT, "r", exclude=frozenset({"n2"}), drain=frozenset({"n2"}))
     completing = job("COMPLETING", restart, held=held, comment=MARK if marked else "")
-    recorded = {(s, "n2" if s == "drain" else T): 1.0 for s in done}
+    recorded = {(s, "n2" if s in NODE_STEPS else T): 1.0 for s in done}
     nxt = step(completing, recorded, nodes(), plan=plan)
     assert not (
         isinstance(nxt.action, Step) and nxt.action.name in ("requeue_hold", "begin_now", "release")

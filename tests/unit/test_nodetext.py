@@ -48,6 +48,7 @@ def test_real_lines_of_both_releases():
         reason_set_by="slurm",
         reason_changed_at=1796186156,
         gpus=8,
+        features=frozenset(),
     )
     assert node_from_line(LINE_2411) == Node(
         name="n3",
@@ -56,7 +57,15 @@ def test_real_lines_of_both_releases():
         partitions=("big", "debug"),
         address="10.1.0.3",
         hostname="gpu003",
+        features=frozenset(),
     )
+
+
+def test_active_features_are_read_and_a_line_without_them_does_not_say():
+    line = LINE_2411.replace("ActiveFeatures=(null)", "ActiveFeatures=a100,ib")
+    assert node_from_line(line).features == {"a100", "ib"}
+    bare = LINE_2411.replace(" ActiveFeatures=(null)", "")
+    assert node_from_line(bare).features is None
 
 
 def test_free_text_that_could_end_in_two_places_is_not_read():

@@ -258,6 +258,30 @@ def test_batch_flag_tells_an_interactive_job():
         job_from_json(_job(batch_flag=1))
 
 
+def test_heterogeneous_job_fields_in_both_number_shapes():
+    plain = job_from_json(_job(het_job_id=40, het_job_offset=1))
+    assert (plain.het_job_id, plain.het_job_offset) == (40, 1)
+    boxed = job_from_json(
+        _job(
+            het_job_id={"set": True, "infinite": False, "number": 40},
+            het_job_offset={"set": True, "infinite": False, "number": 0},
+        )
+    )
+    assert (boxed.het_job_id, boxed.het_job_offset) == (40, 0)
+    unset = {"set": False, "infinite": False, "number": 0}
+    assert job_from_json(_job(het_job_id=unset)).het_job_id == 0
+    assert job_from_json(_job(features="a100&ib")).features == "a100&ib"
+    assert job_from_json(_job(features=None)).features == ""
+
+
+@pytest.mark.parametrize("recorded", RECORDED, ids=lambda p: p.name)
+def test_recorded_jobs_are_not_heterogeneous_and_nodes_say_their_features(recorded: Path):
+    jobs = jobs_from_json(_load(recorded / "squeue.json"))
+    assert jobs and all(j.het_job_id == 0 and j.features == "" for j in jobs)
+    name = "sinfo.json" if (recorded / "sinfo.json").exists() else "scontrol-show-nodes.json"
+    assert all(n.features == frozenset() for n in nodes_from_json(_load(recorded / name)))
+
+
 UNSET = {"set": False, "infinite": False, "number": 0}
 
 
