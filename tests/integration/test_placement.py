@@ -212,10 +212,16 @@ def test_a_restart_stalled_by_a_stopped_slurmctld_finishes_soon_after_it_answers
     try:
         stack.report_xid(bad)
         back = float(wait_for(lambda: resumed.exists() and resumed.read_text(), 60))
-        # Slurm ends the requeued job's old attempt (COMPLETING) in its own time after it is
-        # continued: the tool can only go on once Slurm shows the job requeued
+        # Slurm ends the requeued job's old attempt in its own time: the job stays COMPLETING
+        # until slurmstepd's job-complete message, lost to the stop, is sent again (15 s later:
+        # "Retrying job complete RPC"), and only then logs "Requeuing JobId=N". Nothing can
+        # start the job before; the tool must go on as soon as Slurm shows it requeued.
         requeued = wait_for(
-            lambda: scheduler.get_job(job_id).restart_count >= 1 and time.time(),
+            lambda: (
+                (j := scheduler.get_job(job_id)).restart_count >= 1
+                and j.state != "COMPLETING"
+                and time.time()
+            ),
             timeout=60,
             interval=0.1,
         )
@@ -226,7 +232,8 @@ def test_a_restart_stalled_by_a_stopped_slurmctld_finishes_soon_after_it_answers
     (incident,) = wait_for(lambda: [i for i in story_or_none(stack, job_id) if i["outcome"]])
     released = datetime.fromisoformat(incident["milestones"]["released"]).timestamp()
     print(
-        f"slurmctld continued -> Slurm shows the job requeued {requeued - back:.1f}s -> "
+        f"slurmctld continued -> Slurm shows the job requeued (not COMPLETING) "
+        f"{requeued - back:.1f}s -> "
         f"released {released - requeued:.1f}s"
     )
     assert released - max(back, requeued) < 5, (back, requeued, released)
