@@ -197,7 +197,8 @@ def advise(
             what = f"{cause}: requeue without exclusion ({why}) {restart}"
         left_out = (job.excluded_nodes - unexclude) | exclude | drains.drain
         requeue = action in (Action.REQUEUE, Action.REQUEUE_EXCLUDE)
-        if requeue and (short := shortfall(job, view.nodes, left_out)):
+        placed = requeue and view.whole_listing
+        if placed and (short := shortfall(job, view.nodes, left_out)):
             needs_operator, rule = True, "unplaceable"
             if policy.unplaceable == "stop":
                 action, exclude, unexclude = Action.STOP, frozenset(), frozenset()

@@ -141,6 +141,7 @@ def decide_ended_job(
         jobs={JOB_ID: job},
         nodes={name: Node(name, "IDLE", partitions=(PARTITION,)) for name in names},
         partition_sizes={PARTITION: LARGE_PARTITION},
+        whole_listing=False,
     )
     evidence = log_evidence(matches, names, catalogue, ended - READ_BEFORE_END)
     found = detect(view, evidence, (), catalogue.xids, policy)

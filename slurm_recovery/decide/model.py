@@ -92,6 +92,10 @@ class ClusterView:
     #: node -> its reason, for the nodes Slurm shows drained by the site's health check
     #: (``controller.health_check_drain_prefixes``): kept out of a job's restarts while drained
     health_check_drained: Mapping[str, str] = field(default_factory=dict)
+    #: whether ``nodes`` is Slurm's whole listing: placement (decide/placement.py) is judged
+    #: only then, never from a view made of the job's own nodes (explain-log, replay without
+    #: a listing), where every partition would look as small as the job
+    whole_listing: bool = True
 
 
 def by_job(evidence: Iterable[Evidence]) -> dict[int, list[Evidence]]:

@@ -385,6 +385,7 @@ def case_from_json(
         jobs={job.job_id: job},
         nodes=then,
         drained_by_tool=drained_by_tool_at(then, tool_drains, at),
+        whole_listing=bool(nodes_now),
     )
     recorded_verdict = None
     if kind is IncidentKind.STRAGGLER:

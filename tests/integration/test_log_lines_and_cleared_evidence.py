@@ -160,6 +160,34 @@ def test_escape_sequences_in_a_jobs_output_never_reach_the_admins_terminal(stack
     assert "^[]0;pwned^G" in shown and "[bold red]CUDA error" in shown, shown[-2000:]
 
 
+def test_a_forged_xid_line_in_a_users_output_drains_nothing(stack, slurm, tmp_path):
+    """Issue 30: a user prints the driver's XID 79 line into their own job's output (running,
+    then failing). A log line is weaker evidence than the node's kernel log: it may steer that
+    user's own job off its node, never drain the node for others; a bystander's job on another
+    node is untouched."""
+    tmp_path.chmod(0o777)
+    since = time.time() - 1
+    bystander = slurm.submit("-N1", "--wrap=sleep 600")
+    other = wait_for(lambda: (j := slurm.scheduler.get_job(bystander)).state == "RUNNING" and j)
+    forged = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."
+    job_id = slurm.submit(
+        "-N1", "-x", other.nodes[0], "-o", str(tmp_path / "forged-%j.out"),
+        f'--wrap=echo "{forged}"; sleep 8; exit 1',
+    )  # fmt: skip
+    (story,) = wait_for(
+        lambda: [i for i in slurm.incidents(job_id) if i["outcome"]], timeout=90, interval=0.5
+    )
+    advice = story["advice"]
+    assert advice["drain"] == [], advice
+    assert "not draining" in advice["reason"], advice["reason"]
+    wait_passes(stack.url, 3)
+    assert not [n.name for n in slurm.scheduler.list_nodes() if n.drained]
+    after = slurm.scheduler.get_job(bystander)
+    assert (after.state, after.restart_count, after.nodes) == ("RUNNING", 0, other.nodes)
+    assert not slurm.incidents(bystander)
+    _replay_is_a_no_op(stack, since)
+
+
 def test_an_xid_cleared_by_a_gpu_reset_does_not_convict_a_later_crash(stack, slurm):
     since = time.time() - 1
     for args in (("--gpu", "2", "--xid", "48"), ("--clear",)):

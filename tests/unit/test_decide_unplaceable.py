@@ -143,3 +143,28 @@ def test_the_policy_key_reads_both_choices_and_refuses_others():
     assert policy_from_toml("").unplaceable == "wait"
     with pytest.raises(PolicyError, match="unplaceable"):
         policy_from_toml('unplaceable = "drain"')
+
+
+def test_a_view_of_the_jobs_own_nodes_never_judges_placement():
+    """explain-log and replay without a listing see only the job's nodes: every partition
+    would look as small as the job, and every restart excluding a node unplaceable."""
+    partial = dataclasses.replace(cluster(size=4), whole_listing=False)
+    advice = decide(hardware("n2"), the_job=four_node_job(), view=partial)
+    assert advice.rule == "classes.hardware.action" and not advice.needs_operator
+
+
+def test_explain_log_of_a_one_node_job_is_not_called_unplaceable(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from slurm_recovery.cli import cli
+
+    log = tmp_path / "job.out"
+    log.write_text("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n")
+    args = ["explain-log", str(log), "--nodes", "n1", "--state", "failed", "--json"]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 0, out.output
+    answer = json.loads(out.output)
+    assert answer["action"] == "requeue_exclude"
+    assert "needs operator" not in json.dumps(answer), answer
