@@ -1,16 +1,19 @@
 """Which node evidence the node itself has since ended: one rule for detection, attribution,
 replay and ``srecovery nodes`` ("Findings: none open"), so that they never disagree.
 
-A GPU or fabric finding is ended by a later finding of the same check (and GPU, and port):
-the latest says how it is now, and a ``cleared: true`` one says the condition went away (a
-healthy NVML read). An XID or a GPU finding is ended by a later ``gpu_reset`` of its GPU, or of
+A GPU or fabric finding is ended by a later finding of the same check (and GPU, and port): the
+latest says how it is now, and a ``cleared: true`` one says the condition went away (a healthy
+NVML read). An XID or a GPU finding is ended by a later ``gpu_reset`` of its GPU, or of
 the whole node (the sidecar's ``gpu_finding`` with check ``gpu_reset``; ``srecovery sim inject
---clear`` sends one). A reset or a cleared record is itself never a fault. Pure.
+--clear`` sends one). A reset or a cleared record is itself never a fault. And a node's
+evidence from before an operator resumed it from the tool's drain (the controller's
+``slurm_change`` evidence, :func:`resumed_at`) explains no later failure and dooms no later
+job: the resume says the node was repaired. Pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 
 from slurm_recovery.decide.model import Evidence
 
@@ -71,3 +74,19 @@ def still_open(evidence: Iterable[Evidence], until: float | None = None) -> list
     items = list(evidence)
     ended = cleared_ids(items, until)
     return [ev for ev in items if ev.id not in ended]
+
+
+def resumed_at(evidence: Sequence[Evidence], before: float) -> dict[str, float]:
+    """node -> when Slurm last showed it resumed from a drain, up to ``before`` (the
+    controller's ``slurm_change`` evidence). What was said about a node before it was repaired
+    and put back into service does not explain a later failure."""
+    found: dict[str, float] = {}
+    for ev in evidence:
+        if (
+            ev.kind == "slurm_change"
+            and ev.node is not None
+            and ev.payload.get("change") == "resumed"
+            and ev.observed_at <= before
+        ):
+            found[ev.node] = max(found.get(ev.node, ev.observed_at), ev.observed_at)
+    return found

@@ -149,6 +149,19 @@ def test_fatal_evidence_from_before_the_job_started_does_not_doom():
     assert len(run(job(), evidence=[xid(5, 79, at=START - START_SLACK)])) == 1
 
 
+def test_evidence_from_before_an_operators_resume_does_not_doom():
+    """The tool drained n2 for an XID, an operator resumed it, and the job started on it
+    within START_SLACK (seen on 26.05): the XID said before the repair dooms nothing; a new
+    one after the resume does."""
+    resumed = Evidence(7, "controller", "slurm_change", START - 1, node="n2",
+                       payload={"change": "resumed", "detail": "n2 resumed"})  # fmt: skip
+    assert run(job(), evidence=[xid(5, 79, at=START - 1.5), resumed]) == []
+    assert len(run(job(), evidence=[xid(5, 79, at=START - 1.5), resumed, xid(8, 79)])) == 1
+    other = Evidence(7, "controller", "slurm_change", START - 1, node="n2",
+                     payload={"change": "unexcluded"})  # fmt: skip
+    assert len(run(job(), evidence=[xid(5, 79, at=START - 1.5), other])) == 1
+
+
 def test_evidence_without_a_usable_xid_is_ignored():
     bad = Evidence(5, "sidecar", "xid", 1_500, node="n2", payload={"xid": "seventy-nine"})
     nodeless = Evidence(6, "sidecar", "xid", 1_500, payload={"xid": 79})
