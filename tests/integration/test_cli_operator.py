@@ -49,7 +49,7 @@ STATUS_KEYS = {
     "excluded_by_tool",
 }
 #: keys added to the contract (docs/cli.md says what they are)
-STATUS_EXTRA = {"drained_by_operator"}
+STATUS_EXTRA = {"drained_by_operator", "unplaceable"}
 MODE_KEYS = {"mode", "source", "set_by", "set_at", "reason"}
 REPO = Path(__file__).resolve().parents[2]
 
@@ -200,6 +200,7 @@ def node_line(stack, node: str) -> str:
 def test_status_json_is_the_contract(stack):
     info = wait_for(lambda: (s := status(stack))["watchdog"]["state"] == "ok" and s, timeout=30)
     assert set(info) == STATUS_KEYS | STATUS_EXTRA
+    assert info["unplaceable"] == []  # no requeued job waits without room
     assert info["state"] == "active" and info["cluster"] == "srdev" and info["auth"] == "munge"
     assert info["slurm_reachable"] is True and info["last_error"] == ""
     for key in ("started_at", "now", "last_pass"):
