@@ -41,6 +41,7 @@ REQUIRED = {
     "slurm_errno",
     "slurm_daemons",
     "torch_distributed",
+    "smartd",
 }
 
 
