@@ -42,6 +42,7 @@ REQUIRED = {
     "slurm_daemons",
     "torch_distributed",
     "smartd",
+    "nv_status",
 }
 
 

@@ -90,3 +90,74 @@ def test_md_member_failure_and_a_raid_controller_s_bad_drive_blame_the_node() ->
         assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
     # a healthy drive's state is no failure
     assert verdict("Firmware state: Online, Spun Up").action == "none"
+
+
+# ---------------------------------------------------------------- slurmctld: how a job ended
+
+
+@settings(max_examples=40, deadline=None)
+@given(job=st.integers(1, 10**9), status=st.integers(1, 255), signal=st.integers(1, 64))
+def test_slurmctld_job_end_forms(job: int, status: int, signal: int) -> None:
+    # job_mgr.c _job_complete(): info("%s: %pJ WEXITSTATUS %d" / "WTERMSIG %d" / "OOM failure")
+    stamp = "[2022-05-27T11:37:57.377]"
+    assert verdict(f"{stamp} _job_complete: JobId={job} WEXITSTATUS 0").action == "none"
+    v = verdict(f"{stamp} _job_complete: JobId={job} WEXITSTATUS {status}")
+    assert (v.action, v.blame_nodes) == ("requeue", [])
+    v = verdict(f"{stamp} _job_complete: JobId={job}_3({job + 3}) WTERMSIG {signal}")
+    assert (v.action, v.blame_nodes) == ("requeue", [])
+    v = verdict(f"{stamp} _job_complete: JobId={job} OOM failure")
+    assert (v.action, v.fault_domain) == ("stop", "application")
+    # kill_running_job_by_node_ptr(): the node named is the one that failed
+    v = verdict(f"Nov 29 13:45:01 head slurmctld[811]: Killing JobId={job} on failed node c014")
+    assert (v.action, v.blame_nodes) == ("requeue_exclude", ["c014"])
+
+
+# ---------------------------------------------------------------- NVIDIA driver status codes
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    code=st.sampled_from(
+        [
+            ("NV_ERR_GPU_IS_LOST", "requeue_exclude"),
+            ("NV_ERR_ECC_ERROR", "requeue_exclude"),
+            ("NV_ERR_NVLINK_TRAINING_ERROR", "requeue_exclude"),
+            ("NV_ERR_LIB_RM_VERSION_MISMATCH", "requeue_exclude"),
+            ("NV_ERR_NVLINK_FABRIC_NOT_READY", "requeue"),
+            ("NV_ERR_INVALID_ARGUMENT", "requeue"),
+            ("NV_ERR_NOT_SUPPORTED", "requeue"),
+            ("NV_WARN_NOTHING_TO_DO", "none"),
+            ("NV_WARN_MORE_PROCESSING_REQUIRED", "none"),
+        ]
+    ),
+    value=st.integers(0, 0xFFFF),
+)
+def test_nv_status_codes_by_what_they_say_of_the_node(code: tuple[str, str], value: int) -> None:
+    name, action = code
+    line = (
+        f"Nov 29 13:45:01 gpu12 kernel: NVRM: nvAssertOkFailedNoLog: Assertion failed: x "
+        f"[{name}] (0x{value:08X}) returned from status @ kernel_channel.c:2874"
+    )
+    v = verdict(line)
+    assert v.action == action
+    assert v.blame_nodes == (["gpu12"] if action == "requeue_exclude" else [])
+
+
+def test_fabric_manager_with_nothing_to_manage_is_no_failure_its_mismatch_the_node_s() -> None:
+    # FM on a machine without NVSwitches: NV_WARN_NOTHING_TO_DO, then its service wrapper and
+    # systemd echo the exit: nothing failed
+    v = verdict(
+        "Sep 18 03:19:01 box nvidia-fabricmanager-start.sh[4756]: request to query NVSwitch device "
+        "information from NVSwitch driver failed with error:WARNING Nothing to do "
+        "[NV_WARN_NOTHING_TO_DO]",
+        'Sep 18 03:19:01 box nvidia-fabricmanager-start.sh[4753]: "/usr/bin/nv-fabricmanager -c '
+        '/usr/share/nvidia/nvswitch/fabricmanager.cfg" failed! Exit code: 1',
+        "Sep 18 03:19:01 box systemd[1]: nvidia-fabricmanager.service: Control process exited, "
+        "code=exited, status=1/FAILURE",
+    )
+    assert v.action == "none"
+    v = verdict(
+        "Nov 29 13:45:01 gpu12 nv-fabricmanager[811]: fabric manager NVIDIA GPU driver interface "
+        "version 590.48.01 don't match with driver version 580.126.09."
+    )
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "system", ["gpu12"])
