@@ -1091,6 +1091,10 @@ _WORK = re.compile(
 )
 # the process group a watchdog line is about: "[PG 5 Rank 0]", "[PG ID 0 PG GUID 0(default_pg) ..."
 _PG = re.compile(r"\[PG (?:ID )?(?P<pg>\d{1,9})\b")
+#: PyTorch's warning that the program exits without destroy_process_group()
+EXIT_WITHOUT_DESTROY = "torch.exit_without_destroy"
+#: Lines that say a collective or its watchdog timed out on this rank
+_TIMEOUTS = frozenset({"torch.nccl_watchdog_timeout", "torch.heartbeat_timeout"})
 #: A collective timeout at this sequence number or below happened at start-up: the ranks never
 #: met (a wrong world size, address or interface), not a node that went quiet in training.
 STARTUP_SEQ = 2
@@ -1105,13 +1109,22 @@ def _collective_mistake(symptoms: Sequence[Match]) -> str | None:
     - ranks that timed out in different collectives (another sequence number, operation or
       size): a code path that not every rank takes;
     - the first collectives (``SeqNum`` <= :data:`STARTUP_SEQ`): the ranks never met;
-    - a checkpoint save started before the first timeout: the save outlasted the timeout.
+    - a checkpoint save started before the first timeout: the save outlasted the timeout;
+    - the program's exit begun before the first timeout (PyTorch's warning that it exits without
+      ``destroy_process_group()``, printed as its process groups are torn down): the hang is
+      in the program's own teardown, not a peer that went quiet in training.
     """
     groups: dict[str | None, dict[int | None, tuple[int, str, str | None]]] = {}
     saving = False
+    exiting = False
+    timed_out = False
     for match in symptoms:
         if match.signature_id == "training.checkpoint_save" and not groups:
             saving = True
+        if match.signature_id == EXIT_WITHOUT_DESTROY and not timed_out:
+            exiting = True
+        if match.signature_id in _TIMEOUTS:
+            timed_out = True
         if match.signature_id != "torch.nccl_watchdog_timeout":
             continue
         found = _WORK.search(match.text)
@@ -1141,6 +1154,12 @@ def _collective_mistake(symptoms: Sequence[Match]) -> str | None:
         return (
             "a checkpoint save outlasted the collective timeout: "
             "raise the timeout or save asynchronously"
+        )
+    if exiting and timed_out:
+        return (
+            "the collectives hung after the program began to exit without "
+            "destroy_process_group(): its teardown, not a peer; destroy the process groups "
+            "before exit"
         )
     return None
 

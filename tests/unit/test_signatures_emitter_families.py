@@ -161,3 +161,72 @@ def test_fabric_manager_with_nothing_to_manage_is_no_failure_its_mismatch_the_no
         "version 590.48.01 don't match with driver version 580.126.09."
     )
     assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "system", ["gpu12"])
+
+
+# ---------------------------------------------------------------- PyTorch: store waits, exit hangs
+
+DESTROY = (
+    "[rank{r}]:[W205 18:00:3{r}.953145631 ProcessGroupNCCL.cpp:1538] Warning: WARNING: "
+    "destroy_process_group() was not called before program exit, which can leak resources. For "
+    "more info, please see https://pytorch.org/docs/stable/distributed.html#shutdown "
+    "(function operator())"
+)
+STUCK = (
+    "[rank{r}]:[E205 18:11:0{r}.375750231 ProcessGroupNCCL.cpp:1870] [PG ID 12 PG GUID 99 Rank "
+    "{r}] ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in "
+    "monitoring enqueued collectives."
+)
+WATCHDOG = (
+    "[rank{r}]:[E205 18:11:0{r}.408271257 ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught "
+    "collective operation timeout: WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=4661, "
+    "NumelOut=4661, Timeout(ms)=600000) ran for 600060 milliseconds before timing out."
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ranks=st.lists(st.integers(0, 7), min_size=1, max_size=4, unique=True))
+def test_timeouts_after_the_program_began_to_exit_are_its_teardown(ranks: list[int]) -> None:
+    exiting = [DESTROY.format(r=r) for r in ranks]
+    for hang in (STUCK, WATCHDOG):
+        v = verdict(*exiting, *(hang.format(r=r) for r in ranks))
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("stop", "application", [])
+        assert "destroy_process_group" in v.cause
+        # the warning after the timeouts (the program exits because of them): no mistake shown
+        later = [line.replace("[W205 18:00:", "[W205 19:00:") for line in exiting]
+        v = verdict(*(hang.format(r=r) for r in ranks), *later)
+        assert v.action == "requeue"
+    # the warning alone asks nothing
+    assert verdict(*exiting).action == "none"
+
+
+def test_a_store_client_s_timed_out_wait_is_a_symptom_restarted() -> None:
+    # c10d/socket.cpp SocketImpl::waitForInput
+    v = verdict(
+        "[rank1]:[W516 14:34:56.853490829 socket.cpp:464] [c10d] waitForInput: poll for socket "
+        "SocketImpl(fd=79, addr=[localhost]:41170, remote=[localhost]:29500) returned 0, likely a "
+        "timeout",
+        "[rank1]:[W516 14:34:56.854597329 socket.cpp:489] [c10d] waitForInput: socket "
+        "SocketImpl(fd=79, addr=[localhost]:41170, remote=[localhost]:29500) timed out after "
+        "1800000ms",
+    )
+    assert (v.action, v.blame_nodes) == ("requeue", [])
+
+
+# ---------------------------------------------------------------- UCX
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    call=st.sampled_from(["ibv_create_cq() failed", "ibv_create_srq() failed", "ibv_reg_mr(x)"]),
+    kbytes=st.integers(8, 10**7),
+)
+def test_ucx_memlock_hint_is_a_warning_the_error_after_it_decides(call: str, kbytes: int) -> None:
+    line = (
+        f"[1668693503.473099] [gpu07:1188443:0] ib_log.c:246  UCX  ERROR mlx5_0: {call}: Cannot "
+        f"allocate memory : Please set max locked memory (ulimit -l) to 'unlimited' (current: "
+        f"{kbytes} kbytes)"
+    )
+    assert verdict(line).action == "none"
+    # when UCX cannot carry on, the program's own failure follows
+    v = verdict(line, "RuntimeError: CUDA error: out of memory")
+    assert v.action == "stop"
