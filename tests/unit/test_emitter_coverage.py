@@ -43,6 +43,8 @@ REQUIRED = {
     "torch_distributed",
     "smartd",
     "nv_status",
+    "nvml_recovery_action",
+    "cublas_status",
 }
 
 

@@ -230,3 +230,77 @@ def test_ucx_memlock_hint_is_a_warning_the_error_after_it_decides(call: str, kby
     # when UCX cannot carry on, the program's own failure follows
     v = verdict(line, "RuntimeError: CUDA error: out of memory")
     assert v.action == "stop"
+
+
+# ---------------------------------------------------------------- GPU state as tools show it
+
+
+@settings(max_examples=30, deadline=None)
+@given(pad=st.integers(1, 30))
+def test_nvml_recovery_action_blames_the_node_unless_none(pad: int) -> None:
+    # nvmlDeviceGpuRecoveryAction_t as nvidia-smi -q shows it
+    for word, action in (
+        ("None", "none"),
+        ("Reset", "requeue_exclude"),
+        ("Reboot", "requeue_exclude"),
+        ("Drain P2P", "requeue_exclude"),
+        ("Drain and Reset", "requeue_exclude"),
+    ):
+        v = verdict(f"    GPU Recovery Action{' ' * pad}: {word}", nodes=["n1"])
+        assert (v.action, v.blame_nodes) == (action, ["n1"] if action != "none" else []), word
+    v = verdict("gpu 3: NVML_GPU_RECOVERY_ACTION_GPU_RESET", nodes=["n1"])
+    assert (v.action, v.blame_nodes) == ("requeue_exclude", ["n1"])
+
+
+def test_nvidia_smi_without_gpus_and_a_lost_gpu_in_either_case() -> None:
+    # "No devices were found": a node whose GPUs are gone, or a container without them
+    assert (
+        verdict("No devices were found").action,
+        verdict("No devices were found").blame_nodes,
+    ) == (
+        "requeue",
+        [],
+    )
+    for gpu in ("GPU", "gpu"):
+        v = verdict(
+            f"Unable to determine the device handle for {gpu} 0000:3B:00.0: Unknown Error",
+            nodes=["n1"],
+        )
+        assert (v.action, v.blame_nodes) == ("requeue_exclude", ["n1"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    status=st.sampled_from(
+        [
+            ("CUBLAS_STATUS_ALLOC_FAILED", "stop"),
+            ("CUBLAS_STATUS_ARCH_MISMATCH", "stop"),
+            ("CUBLAS_STATUS_INVALID_VALUE", "stop"),
+            ("CUBLAS_STATUS_NOT_INITIALIZED", "requeue"),
+            ("CUBLAS_STATUS_EXECUTION_FAILED", "requeue"),
+            ("CUBLAS_STATUS_INTERNAL_ERROR", "requeue"),
+        ]
+    ),
+    call=st.sampled_from(["cublasCreate(handle)", "cublasSgemm( handle, opa, opb, m, n, k)"]),
+)
+def test_cublas_statuses_by_the_enum(status: tuple[str, str], call: str) -> None:
+    name, action = status
+    for line in (
+        f"RuntimeError: CUDA error: {name} when calling `{call}`",
+        f"cuBLAS error: {name}",
+    ):
+        v = verdict(line)
+        assert (v.action, v.blame_nodes) == (action, []), line
+
+
+def test_horovod_shutdown_is_another_rank_s_failure() -> None:
+    shut = (
+        "tensorflow.python.framework.errors_impl.UnknownError:  Horovod has been shut down. This "
+        "was caused by an exception on one of the ranks or an attempt to allreduce, allgather or "
+        "broadcast a tensor after one of the ranks finished execution."
+    )
+    v = verdict(shut)
+    assert (v.action, v.fault_domain) == ("requeue", "unknown")
+    # the rank's own exception decides
+    v = verdict("[1,3]<stderr>:ValueError: bad shape", shut)
+    assert v.action == "stop"
