@@ -304,3 +304,35 @@ def test_horovod_shutdown_is_another_rank_s_failure() -> None:
     # the rank's own exception decides
     v = verdict("[1,3]<stderr>:ValueError: bad shape", shut)
     assert v.action == "stop"
+
+
+# ---------------------------------------------------------------- Slurm: limits, auth, PMIx
+
+
+@settings(max_examples=30, deadline=None)
+@given(kind=st.sampled_from(["job", "step"]), prefix=st.sampled_from(["slurmstepd: error: ", ""]))
+def test_slurm_memory_limit_and_request_errors_are_the_job_s(kind: str, prefix: str) -> None:
+    for line in (
+        f"{prefix}Exceeded {kind} memory limit at some point.",
+        "slurmstepd: error: Exceeded job memory limit",
+        "srun: error: CPU count per node can not be satisfied",
+        "srun: error: Memory specification can not be satisfied",
+    ):
+        if not line.startswith(("slurmstepd", "srun")):
+            line = "slurmstepd: " + line
+        v = verdict(line)
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("stop", "application", []), line
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    why=st.sampled_from(["Expired credential", "Rewound credential", "Invalid credential"]),
+)
+def test_munge_and_pmix_setup_errors_are_restarted_without_blame(why: str) -> None:
+    for line in (
+        f"srun: error: Munge decode failed: {why}",
+        "srun: error: mpi/pmix_v3: init: (null) [0]: mpi_pmix.c:171: pmi/pmix: can not load PMIx "
+        "library",
+    ):
+        v = verdict(line)
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue", "system", []), line
