@@ -336,3 +336,52 @@ def test_munge_and_pmix_setup_errors_are_restarted_without_blame(why: str) -> No
     ):
         v = verdict(line)
         assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue", "system", []), line
+
+
+# ---------------------------------------------------------------- kernel: traps, memory storms
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    trap=st.sampled_from(["general protection fault", "trap stack segment"]),
+    lib=st.sampled_from(["libc.so.6", "libcuda.so.535.104.05", "libtorch_cuda.so"]),
+)
+def test_a_user_space_protection_trap_is_restarted_once_like_a_segfault(
+    trap: str, lib: str
+) -> None:
+    # arch/x86/kernel/traps.c: the program's bug or the node's bad memory; the line cannot tell
+    line = (
+        f"Nov 29 13:45:01 gpu12 kernel: traps: python[23456] {trap} ip:7f3a2b4c1d20 "
+        f"sp:7ffd4e2a1b80 error:0 in {lib}[7f3a2b428000+195000]"
+    )
+    v = verdict(line)
+    assert (v.action, v.blame_nodes) == ("requeue", [])
+
+
+@settings(max_examples=40, deadline=None)
+@given(count=st.integers(1, 10_000))
+def test_an_edac_line_counts_the_errors_it_reports(count: int) -> None:
+    # drivers/edac/edac_mc.c: "EDAC MC%d: %d %s error%s ..." (escalate_after = 3 for CE)
+    line = (
+        f"Nov 29 13:45:01 gpu12 kernel: EDAC MC0: {count} CE memory read error on "
+        "CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 (channel:1 slot:0 page:0x12345 offset:0x0 grain:32)"
+    )
+    v = verdict(line)
+    if count >= 3:
+        assert (v.action, v.blame_nodes) == ("requeue_exclude", ["gpu12"])
+    else:
+        assert v.action == "none"
+
+
+def test_a_report_that_names_its_host_blames_that_host() -> None:
+    # smartd_warning.sh's mail ("   host name:  $hostname"), scontrol show node's NodeName=
+    v = verdict(
+        "   host name:  katie", "Device: /dev/sda [SAT], FAILED SMART self-check. BACK UP DATA NOW!"
+    )
+    assert (v.action, v.blame_nodes) == ("requeue_exclude", ["katie"])
+    v = verdict(
+        "NodeName=c014 Arch=x86_64 CoresPerSocket=16",
+        "   Reason=Not responding [slurm@2022-07-10T02:00:55]",
+    )
+    assert (v.action, v.blame_nodes) == ("requeue_exclude", ["c014"])
+    assert verdict("   host name:  katie").action == "none"
