@@ -520,7 +520,11 @@ class SignatureCatalogue:
         found = signature.regex.search(line)
         if found is None:
             return None
-        return found.groupdict(), None
+        named = found.groupdict()
+        # a tool that reports an XID in its own words (the device plugin's "Xid=79"): the XID
+        # catalogue decides, as for the driver's own line
+        xid = named.get("xid")
+        return named, int(xid) if xid and xid.isdigit() else None
 
     def scan_text(
         self,
@@ -622,7 +626,7 @@ class SignatureCatalogue:
             return Assessment(
                 "unknown", "unknown", "requeue", True, False, False, match.signature_id
             )
-        if signature.parser == "xid" and match.xid is not None:
+        if match.xid is not None:
             info = self.xids.assess(match.xid, match.text)
             action = log_action(info, match.text)
             # an XID that asks nothing (NVIDIA's IGNORE) is a warning, like a knock-on line
@@ -1074,7 +1078,7 @@ def _xid_knock_ons(
     out = []
     for m, a, i in assessed:
         signature = catalogue.get(m.signature_id)
-        if m.xid is not None and signature is not None and signature.parser == "xid":
+        if m.xid is not None and signature is not None:
             info = catalogue.xids.assess(m.xid, m.text)
             others = codes[_about(m)]
             if not a.knock_on and (

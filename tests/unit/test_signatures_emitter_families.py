@@ -385,3 +385,30 @@ def test_a_report_that_names_its_host_blames_that_host() -> None:
     )
     assert (v.action, v.blame_nodes) == ("requeue_exclude", ["c014"])
     assert verdict("   host name:  katie").action == "none"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    xid=st.sampled_from(
+        [(79, "requeue_exclude"), (48, "requeue_exclude"), (13, "stop"), (63, "none")]
+    ),
+    form=st.sampled_from(
+        [
+            "I0520 10:15:02.123456 1 health.go:159] XidCriticalError: Xid={x} on Device=GPU-5ba2; "
+            "marking device as unhealthy.",
+            "XidCriticalError: Xid={x} on Device=GPU-5ba2, the device will go unhealthy.",
+            "Detected XID {x} for GPU 3",
+        ]
+    ),
+)
+def test_an_xid_a_gpu_tool_reports_reads_as_the_driver_s(xid: tuple[int, str], form: str) -> None:
+    # NVIDIA's k8s device plugin (internal/rm/health.go) and DCGM (DCGM_FR_XID_ERROR_MSG)
+    code, action = xid
+    driver = verdict(f"NVRM: Xid (PCI:0000:3b:00): {code}, pid=1234, name=python, x", nodes=["n1"])
+    tool = verdict(form.format(x=code), nodes=["n1"])
+    assert (tool.action, tool.fault_domain, tool.blame_nodes) == (
+        driver.action,
+        driver.fault_domain,
+        driver.blame_nodes,
+    )
+    assert tool.action == action
