@@ -412,3 +412,61 @@ def test_an_xid_a_gpu_tool_reports_reads_as_the_driver_s(xid: tuple[int, str], f
         driver.blame_nodes,
     )
     assert tool.action == action
+
+
+# ---------------------------------------------------------------- NCCL's older forms, nccl-tests
+
+
+def test_nccl_shm_full_and_the_old_syscheck_spelling() -> None:
+    # NCCL <= 2.8 include/checks.h: WARN("Call to " name " failed : %s"); shm.h posix_fallocate
+    full = (
+        "gpu01:1234:1250 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : "
+        "No space left on device"
+    )
+    assert (verdict(full).action, verdict(full).fault_domain) == ("stop", "application")
+    other = "gpu01:1234:1250 [0] NCCL WARN Call to connect failed : Connection refused"
+    assert (verdict(other).action, verdict(other).blame_nodes) == ("requeue", [])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    err=st.sampled_from(
+        [
+            ("Test CUDA failure common.cu:892 'out of memory'", "stop", []),
+            (
+                "Test CUDA failure common.cu:892 'uncorrectable ECC error encountered'",
+                "requeue_exclude",
+                ["gpu01"],
+            ),
+            ("Test NCCL failure common.cu:1005 'invalid usage'", "stop", []),
+            (
+                "Test NCCL failure common.cu:1005 'invalid usage / Duplicate GPU detected'",
+                "stop",
+                [],
+            ),
+        ]
+    ),
+    line_no=st.integers(1, 99999),
+)
+def test_nccl_tests_checks_name_the_wrapped_error_and_their_host(
+    err: tuple[str, str, list[str]], line_no: int
+) -> None:
+    # nccl-tests src/common.h CUDACHECK / NCCLCHECK: "%s: Test CUDA failure %s:%d '%s'"
+    text, action, blame = err
+    v = verdict(f"gpu01: {text.replace(':892', f':{line_no}').replace(':1005', f':{line_no}')}")
+    assert v.action == action
+    # an ECC error is read by cuda.ecc_uncorrectable, which blames the log's node
+    assert bool(v.blame_nodes) == bool(blame)
+
+
+def test_torch_without_a_usable_gpu_is_restarted_without_blame() -> None:
+    # c10/cuda CUDAFunctions.cpp and torch/cuda: PyTorch's words for cudaErrorNoDevice and
+    # cudaErrorInsufficientDriver, read as those members are
+    for line in (
+        "RuntimeError: No CUDA GPUs are available",
+        "RuntimeError: The NVIDIA driver on your system is too old (found version 10010). Please "
+        "update your GPU driver",
+        "RuntimeError: CUDA error: no CUDA-capable device is detected",
+    ):
+        v = verdict(line)
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue", "system", []), line
