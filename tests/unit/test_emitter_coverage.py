@@ -45,6 +45,7 @@ REQUIRED = {
     "nv_status",
     "nvml_recovery_action",
     "cublas_status",
+    "nvml_return",
 }
 
 

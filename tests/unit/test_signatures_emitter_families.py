@@ -470,3 +470,40 @@ def test_torch_without_a_usable_gpu_is_restarted_without_blame() -> None:
     ):
         v = verdict(line)
         assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue", "system", []), line
+
+
+# ---------------------------------------------------------------- NVML return codes
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    code=st.sampled_from(
+        [
+            ("GPU is lost", "requeue_exclude"),
+            ("GPU requires reset", "requeue_exclude"),
+            ("GPU requires restart", "requeue_exclude"),
+            ("Corrupted infoROM", "requeue_exclude"),
+            ("Insufficient External Power", "requeue_exclude"),
+            ("Driver/library version mismatch", "requeue_exclude"),
+            ("RM has detected an NVML/RM version mismatch.", "requeue_exclude"),
+            ("Driver Not Loaded", "requeue"),
+            ("NVML Shared Library Not Found", "requeue"),
+            ("Unknown Error", "requeue"),
+            ("Timeout", "requeue"),
+            ("Not Supported", "none"),
+        ]
+    ),
+    form=st.sampled_from(
+        [
+            "Failed to initialize NVML: {m}",
+            "slurmstepd: error: NVML: Failed to get usage(3): {m}",
+            "pynvml.NVMLError_X: {m}",
+        ]
+    ),
+)
+def test_nvml_return_codes_by_what_they_say_of_the_node(code: tuple[str, str], form: str) -> None:
+    # nvmlReturn_t texts (libnvidia-ml's nvmlErrorString, nvidia-ml-py's own)
+    text, action = code
+    v = verdict(form.format(m=text), nodes=["n1"])
+    assert v.action == action, form.format(m=text)
+    assert v.blame_nodes == (["n1"] if action == "requeue_exclude" else [])
