@@ -46,6 +46,7 @@ REQUIRED = {
     "nvml_recovery_action",
     "cublas_status",
     "nvml_return",
+    "errno",
 }
 
 

@@ -507,3 +507,33 @@ def test_nvml_return_codes_by_what_they_say_of_the_node(code: tuple[str, str], f
     v = verdict(form.format(m=text), nodes=["n1"])
     assert v.action == action, form.format(m=text)
     assert v.blame_nodes == (["n1"] if action == "requeue_exclude" else [])
+
+
+# ---------------------------------------------------------------- errno in Python's OSError
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    err=st.sampled_from(
+        [
+            ("ESTALE", "requeue", "system"),
+            ("EIO", "requeue", "system"),
+            ("ETIMEDOUT", "requeue", "system"),
+            ("EUCLEAN", "requeue_exclude", "system"),
+            ("EDQUOT", "stop", "application"),
+            ("ENOENT", "stop", "application"),
+            ("EACCES", "stop", "application"),
+            ("EMFILE", "stop", "application"),
+        ]
+    ),
+    exc=st.sampled_from(["OSError", "PermissionError", "FileNotFoundError", "BlockingIOError"]),
+)
+def test_python_errno_by_the_c_library_s_table(err: tuple[str, str, str], exc: str) -> None:
+    import errno
+    import os
+
+    name, action, domain = err
+    value = getattr(errno, name)
+    v = verdict(f"{exc}: [Errno {value}] {os.strerror(value)}: '/scratch/run/x'", nodes=["n1"])
+    assert (v.action, v.fault_domain) == (action, domain)
+    assert v.blame_nodes == (["n1"] if action == "requeue_exclude" else [])
