@@ -1184,30 +1184,18 @@ def _quiet_ranks(symptoms: Sequence[Match]) -> list[int]:
     return missing if 0 < len(missing) <= max(1, (max(timed) + 1) // 4) else []
 
 
-#: The error count an EDAC line reports itself (drivers/edac/edac_mc.c: "EDAC MC%d: %d %s
-#: error%s ..." with "CE"/"UE"): one line can stand for many errors.
-_EDAC_COUNT = re.compile(r"EDAC MC\d{1,4}: (?P<count>\d{1,9}) [CU]E ")
-
-
-def _reported_count(text: str) -> int:
-    """How many errors one line stands for: the count EDAC prints, else 1."""
-    found = _EDAC_COUNT.search(text)
-    return max(1, int(found["count"])) if found else 1
-
-
 def _escalate_repeats(
     assessed: list[tuple[Match, Assessment, int]], catalogue: SignatureCatalogue
 ) -> list[tuple[Match, Assessment, int]]:
     """Repeats escalate: a hardware warning that a signature says to count (``escalate_after``,
     e.g. corrected memory errors) becomes a fault of its node once that many lines about one
-    node (its host, else its file) are in the log; a line that reports a count of errors
-    (EDAC's "EDAC MC0: 12 CE ...") counts as that many."""
+    node (its host, else its file) are in the log."""
     counts: dict[tuple[str, str | None], int] = {}
     for m, _, _ in assessed:
         signature = catalogue.get(m.signature_id)
         if signature is not None and signature.escalate_after:
             key = (m.signature_id, _about(m))
-            counts[key] = counts.get(key, 0) + _reported_count(m.text)
+            counts[key] = counts.get(key, 0) + 1
     if not counts:
         return assessed
     escalated = []

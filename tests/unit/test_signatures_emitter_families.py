@@ -358,21 +358,6 @@ def test_a_user_space_protection_trap_is_restarted_once_like_a_segfault(
     assert (v.action, v.blame_nodes) == ("requeue", [])
 
 
-@settings(max_examples=40, deadline=None)
-@given(count=st.integers(1, 10_000))
-def test_an_edac_line_counts_the_errors_it_reports(count: int) -> None:
-    # drivers/edac/edac_mc.c: "EDAC MC%d: %d %s error%s ..." (escalate_after = 3 for CE)
-    line = (
-        f"Nov 29 13:45:01 gpu12 kernel: EDAC MC0: {count} CE memory read error on "
-        "CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 (channel:1 slot:0 page:0x12345 offset:0x0 grain:32)"
-    )
-    v = verdict(line)
-    if count >= 3:
-        assert (v.action, v.blame_nodes) == ("requeue_exclude", ["gpu12"])
-    else:
-        assert v.action == "none"
-
-
 def test_a_report_that_names_its_host_blames_that_host() -> None:
     # smartd_warning.sh's mail ("   host name:  $hostname"), scontrol show node's NodeName=
     v = verdict(
