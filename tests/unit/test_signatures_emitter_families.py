@@ -522,3 +522,31 @@ def test_python_errno_by_the_c_library_s_table(err: tuple[str, str, str], exc: s
     v = verdict(f"{exc}: [Errno {value}] {os.strerror(value)}: '/scratch/run/x'", nodes=["n1"])
     assert (v.action, v.fault_domain) == (action, domain)
     assert v.blame_nodes == (["n1"] if action == "requeue_exclude" else [])
+
+
+# ---------------------------------------------------------------- launchers
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    end=st.sampled_from(
+        [
+            "died with <Signals.SIGKILL: 9>.",
+            "died with <Signals.SIGSEGV: 11>.",
+            "returned non-zero exit status 1.",
+        ]
+    ),
+    code=st.integers(-64, 255),
+)
+def test_a_launcher_s_report_of_its_child_s_end_is_a_symptom(end: str, code: int) -> None:
+    # CPython subprocess.CalledProcessError.__str__; DeepSpeed launcher/launch.py sigkill_handler
+    for line in (
+        "subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'train.py', "
+        f"'--local_rank=0']' {end}",
+        "[2023-01-01 00:00:00,000] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python', "
+        f"'-u', 'train.py'] exits with return code = {code}",
+    ):
+        v = verdict(line)
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue", "unknown", []), line
+        # the child's own error decides
+        assert verdict("[rank0]: ValueError: bad batch", line).action == "stop"
