@@ -47,6 +47,7 @@ REQUIRED = {
     "cublas_status",
     "nvml_return",
     "errno",
+    "ipmi_sel",
 }
 
 

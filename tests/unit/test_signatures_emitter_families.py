@@ -550,3 +550,35 @@ def test_a_launcher_s_report_of_its_child_s_end_is_a_symptom(end: str, code: int
         assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue", "unknown", []), line
         # the child's own error decides
         assert verdict("[rank0]: ValueError: bad batch", line).action == "stop"
+
+
+# ---------------------------------------------------------------- IPMI SEL (ipmitool sel list)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    event=st.sampled_from(
+        [
+            ("Memory #0x53", "Uncorrectable ECC", "requeue_exclude"),
+            ("Memory CPU0_DIMM_A1", "Correctable ECC logging limit reached", "requeue_exclude"),
+            ("Processor CPU1", "IERR", "requeue_exclude"),
+            ("Power Supply PS2", "Failure detected", "requeue_exclude"),
+            ("Critical Interrupt #0x10", "PCI SERR", "requeue_exclude"),
+            ("Memory #0x53", "Correctable ECC", "none"),
+            ("Power Supply PS2", "Presence detected", "none"),
+            ("Drive Slot / Bay #0x01", "Drive Present", "none"),
+        ]
+    ),
+    record=st.integers(1, 0xFFFF),
+    asserted=st.booleans(),
+)
+def test_ipmi_sel_events_by_ipmitool_s_table(
+    event: tuple[str, str, str], record: int, asserted: bool
+) -> None:
+    # ipmitool lib/ipmi_sel.c: "%4x | date | time | <type> <sensor> | <description> | Asserted"
+    sensor, text, action = event
+    state = "Asserted" if asserted else "Deasserted"
+    v = verdict(f"{record:4x} | 05/20/2021 | 10:15:02 | {sensor} | {text} | {state}", nodes=["n1"])
+    want = action if asserted else "none"
+    assert v.action == want
+    assert v.blame_nodes == (["n1"] if want == "requeue_exclude" else [])
