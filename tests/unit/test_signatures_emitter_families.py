@@ -582,3 +582,33 @@ def test_ipmi_sel_events_by_ipmitool_s_table(
     want = action if asserted else "none"
     assert v.action == want
     assert v.blame_nodes == (["n1"] if want == "requeue_exclude" else [])
+
+
+# ---------------------------------------------------------------- machine check status (UC bit)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    status=st.integers(0, 2**64 - 1),
+    form=st.sampled_from(
+        [
+            "mce: [Hardware Error]: CPU 3: Machine Check: 0 Bank {b}: {s:016x}",
+            "EDAC sbridge MC1: CPU 1: Machine Check Event: 0 Bank {b}: {s:016x}",
+        ]
+    ),
+    bank=st.integers(0, 31),
+)
+def test_a_machine_check_record_is_uncorrected_when_its_status_says_so(
+    status: int, form: str, bank: int
+) -> None:
+    # Intel SDM MCi_STATUS: bit 63 VAL, bit 61 UC; mce/core.c and sb_edac.c print the status
+    v = verdict(f"Nov 29 13:45:01 gpu12 kernel: {form.format(b=bank, s=status)}")
+    uncorrected = bool(status >> 63 & 1) and bool(status >> 61 & 1)
+    if uncorrected:
+        assert (v.action, v.fault_domain, v.blame_nodes) == (
+            "requeue_exclude",
+            "hardware",
+            ["gpu12"],
+        )
+    else:
+        assert v.action != "requeue_exclude"
