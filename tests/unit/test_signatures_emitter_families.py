@@ -616,3 +616,23 @@ def test_a_machine_check_record_is_uncorrected_when_its_status_says_so(
         )
     else:
         assert v.action != "requeue_exclude"
+
+
+def test_slurm_gres_errors_about_gpu_devices() -> None:
+    # interfaces/gres.c: a node whose GPUs changed or are missing; a job's inconsistent request
+    for line in (
+        "slurmctld: error: _find_invalid_job_gres_on_node: Killing job 1234: gres/gpu count "
+        "mismatch on node gpu07 (7 != 8)",
+        "slurmctld: error: Invalid GRES configured on node gpu07: gpu:a100:9",
+    ):
+        v = verdict(line)
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "system", ["gpu07"])
+    v = verdict(
+        "slurmd: error: /dev/nvidia3 is not a valid character or block device, fix your gres.conf"
+    )
+    assert (v.action, v.fault_domain) == ("requeue_exclude", "system")
+    v = verdict(
+        "srun: error: Failed to validate job spec, --gres=gpu/--gpus-per-node not multiple of "
+        "--gpus-per-task."
+    )
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("stop", "application", [])
