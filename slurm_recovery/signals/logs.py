@@ -1003,6 +1003,16 @@ def classify(
         )
     decisive = [a for a in primary if a[1].decisive and a[1].fault_class in ("hardware", "system")]
     root_item = decisive[0] if decisive else primary[0]
+    if not decisive and _wraps_cuda_error(root_item[0]):
+        # NCCL's "unhandled cuda error" wraps a CUDA error: the CUDA error beside it decides,
+        # wherever it is printed (NCCL 2.12+ puts it after the wrapper: "Last error: ...")
+        wrapped = [
+            a
+            for a in primary
+            if a[0].signature_id.startswith("cuda.") and not _wraps_cuda_error(a[0])
+        ]
+        if wrapped:
+            root_item = wrapped[0]
     root = root_item[1]
     klass = root.fault_class
     blame: list[str] = []
@@ -1037,6 +1047,16 @@ def classify(
         signatures=lines,
         cause=f"{root.label}{where}",
         sources=[m.source for m, _, _ in shown[:limit]],
+    )
+
+
+def _wraps_cuda_error(match: Match) -> bool:
+    """A line that only says a CUDA call failed inside NCCL (``unhandled cuda error``): the CUDA
+    error it wraps, printed beside it, says which."""
+    return match.signature_id == "nccl.unhandled_cuda_error" or (
+        match.signature_id == "nccl.error_raised"
+        and match.code is not None
+        and "unhandled cuda error" in match.code.lower()
     )
 
 

@@ -636,3 +636,32 @@ def test_slurm_gres_errors_about_gpu_devices() -> None:
         "--gpus-per-task."
     )
     assert (v.action, v.fault_domain, v.blame_nodes) == ("stop", "application", [])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    cause=st.sampled_from(
+        [
+            ("out of memory", "stop", "application"),
+            ("an illegal memory access was encountered", "stop", "application"),
+            ("uncorrectable ECC error encountered", "requeue_exclude", "hardware"),
+        ]
+    ),
+    after=st.booleans(),
+)
+def test_nccl_s_unhandled_cuda_error_defers_to_the_cuda_error_it_wraps(
+    cause: tuple[str, str, str], after: bool
+) -> None:
+    # NCCL 2.12+ prints the wrapped error after the wrapper ("Last error:\\nCuda failure '...'")
+    text, action, domain = cause
+    wrapper = (
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "NCCLUtils.hpp:275, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL "
+        "version 2.18.1"
+    )
+    wrapped = f"Cuda failure '{text}'"
+    lines = [wrapper, "Last error:", wrapped] if after else [wrapped, wrapper]
+    v = verdict(*lines, nodes=["n1"])
+    assert (v.action, v.fault_domain) == (action, domain)
+    # alone, the wrapper keeps its weak node blame
+    assert verdict(wrapper, nodes=["n1"]).action == "requeue_exclude"
