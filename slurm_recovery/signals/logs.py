@@ -520,7 +520,11 @@ class SignatureCatalogue:
         found = signature.regex.search(line)
         if found is None:
             return None
-        return found.groupdict(), None
+        named = found.groupdict()
+        # a tool that reports an XID in its own words (the device plugin's "Xid=79"): the XID
+        # catalogue decides, as for the driver's own line
+        xid = named.get("xid")
+        return named, int(xid) if xid and xid.isdigit() else None
 
     def scan_text(
         self,
@@ -622,7 +626,7 @@ class SignatureCatalogue:
             return Assessment(
                 "unknown", "unknown", "requeue", True, False, False, match.signature_id
             )
-        if signature.parser == "xid" and match.xid is not None:
+        if match.xid is not None:
             info = self.xids.assess(match.xid, match.text)
             action = log_action(info, match.text)
             # an XID that asks nothing (NVIDIA's IGNORE) is a warning, like a knock-on line
@@ -999,6 +1003,16 @@ def classify(
         )
     decisive = [a for a in primary if a[1].decisive and a[1].fault_class in ("hardware", "system")]
     root_item = decisive[0] if decisive else primary[0]
+    if not decisive and _wraps_cuda_error(root_item[0]):
+        # NCCL's "unhandled cuda error" wraps a CUDA error: the CUDA error beside it decides,
+        # wherever it is printed (NCCL 2.12+ puts it after the wrapper: "Last error: ...")
+        wrapped = [
+            a
+            for a in primary
+            if a[0].signature_id.startswith("cuda.") and not _wraps_cuda_error(a[0])
+        ]
+        if wrapped:
+            root_item = wrapped[0]
     root = root_item[1]
     klass = root.fault_class
     blame: list[str] = []
@@ -1033,6 +1047,16 @@ def classify(
         signatures=lines,
         cause=f"{root.label}{where}",
         sources=[m.source for m, _, _ in shown[:limit]],
+    )
+
+
+def _wraps_cuda_error(match: Match) -> bool:
+    """A line that only says a CUDA call failed inside NCCL (``unhandled cuda error``): the CUDA
+    error it wraps, printed beside it, says which."""
+    return match.signature_id == "nccl.unhandled_cuda_error" or (
+        match.signature_id == "nccl.error_raised"
+        and match.code is not None
+        and "unhandled cuda error" in match.code.lower()
     )
 
 
@@ -1074,7 +1098,7 @@ def _xid_knock_ons(
     out = []
     for m, a, i in assessed:
         signature = catalogue.get(m.signature_id)
-        if m.xid is not None and signature is not None and signature.parser == "xid":
+        if m.xid is not None and signature is not None:
             info = catalogue.xids.assess(m.xid, m.text)
             others = codes[_about(m)]
             if not a.knock_on and (
@@ -1091,6 +1115,10 @@ _WORK = re.compile(
 )
 # the process group a watchdog line is about: "[PG 5 Rank 0]", "[PG ID 0 PG GUID 0(default_pg) ..."
 _PG = re.compile(r"\[PG (?:ID )?(?P<pg>\d{1,9})\b")
+#: PyTorch's warning that the program exits without destroy_process_group()
+EXIT_WITHOUT_DESTROY = "torch.exit_without_destroy"
+#: Lines that say a collective or its watchdog timed out on this rank
+_TIMEOUTS = frozenset({"torch.nccl_watchdog_timeout", "torch.heartbeat_timeout"})
 #: A collective timeout at this sequence number or below happened at start-up: the ranks never
 #: met (a wrong world size, address or interface), not a node that went quiet in training.
 STARTUP_SEQ = 2
@@ -1105,13 +1133,22 @@ def _collective_mistake(symptoms: Sequence[Match]) -> str | None:
     - ranks that timed out in different collectives (another sequence number, operation or
       size): a code path that not every rank takes;
     - the first collectives (``SeqNum`` <= :data:`STARTUP_SEQ`): the ranks never met;
-    - a checkpoint save started before the first timeout: the save outlasted the timeout.
+    - a checkpoint save started before the first timeout: the save outlasted the timeout;
+    - the program's exit begun before the first timeout (PyTorch's warning that it exits without
+      ``destroy_process_group()``, printed as its process groups are torn down): the hang is
+      in the program's own teardown, not a peer that went quiet in training.
     """
     groups: dict[str | None, dict[int | None, tuple[int, str, str | None]]] = {}
     saving = False
+    exiting = False
+    timed_out = False
     for match in symptoms:
         if match.signature_id == "training.checkpoint_save" and not groups:
             saving = True
+        if match.signature_id == EXIT_WITHOUT_DESTROY and not timed_out:
+            exiting = True
+        if match.signature_id in _TIMEOUTS:
+            timed_out = True
         if match.signature_id != "torch.nccl_watchdog_timeout":
             continue
         found = _WORK.search(match.text)
@@ -1141,6 +1178,12 @@ def _collective_mistake(symptoms: Sequence[Match]) -> str | None:
         return (
             "a checkpoint save outlasted the collective timeout: "
             "raise the timeout or save asynchronously"
+        )
+    if exiting and timed_out:
+        return (
+            "the collectives hung after the program began to exit without "
+            "destroy_process_group(): its teardown, not a peer; destroy the process groups "
+            "before exit"
         )
     return None
 

@@ -41,6 +41,13 @@ REQUIRED = {
     "slurm_errno",
     "slurm_daemons",
     "torch_distributed",
+    "smartd",
+    "nv_status",
+    "nvml_recovery_action",
+    "cublas_status",
+    "nvml_return",
+    "errno",
+    "ipmi_sel",
 }
 
 
