@@ -20,13 +20,15 @@ the one that decided):
 3. ``max_restarts``: the tool already restarted this job that many times -> stop.
 4. ``max_excluded_nodes``: excluding the implicated nodes would leave the job with more excluded
    nodes than allowed -> stop, needs an operator.
-4a. ``unplaceable``: without the excluded and drained nodes, the job's partition has fewer
-   usable nodes than it needs (:mod:`~slurm_recovery.decide.placement`) -> requeue anyway,
-   needs an operator (``unplaceable = "wait"``, the default) or stop, needs an operator.
 5. ``classes.<class>.action``: requeue excluding the implicated nodes (``requeue_exclude``), or
    requeue anywhere (``requeue``; also ``requeue_exclude`` when no node is implicated). Either
    way the job's nodes the site's health check has drained (``ClusterView.health_check_drained``)
    are excluded too, within ``max_excluded_nodes`` (:func:`health_check_held_out`).
+6. ``unplaceable``: that requeue would leave the job's partition with fewer usable nodes than
+   it needs, its exclusions and the nodes about to be drained left out
+   (:mod:`~slurm_recovery.decide.placement`; only on Slurm's whole listing) -> the same
+   requeue, needs an operator (``unplaceable = "wait"``, the default), or stop, needs an
+   operator.
 
 Independently of the job's fate, the implicated nodes are drained when the class's policy says so
 and the verdict is confident enough, within the blast radius (``blast_radius``: drains by the

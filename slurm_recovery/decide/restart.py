@@ -218,8 +218,9 @@ def _restart(
 
     def waiting(why: str) -> Next:
         """Wait for Slurm to start the job, first dropping exclusions of repaired nodes."""
-        for name in sorted((back & plan.exclude & job.excluded_nodes) - dropped):
-            return result(Step("unexclude", name, {"job": job.job_id}))
+        repaired = sorted((back & plan.exclude & job.excluded_nodes) - dropped)
+        if repaired:
+            return result(Step("unexclude", repaired[0], {"job": job.job_id}))
         return result(Wait(why))
 
     # What Slurm shows done that has no record: the controller stopped after the call.

@@ -46,7 +46,10 @@ def srecovery(stack, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_injected_xid_moves_the_job_off_the_node(stack):
+@pytest.fixture
+def two_node_job(stack):
+    """A 2-node ``sleep 600`` job on the stack's cluster: (its scheduler, its id); cancelled,
+    and every drained node resumed, after the test."""
     sched = ScontrolScheduler(timeout=10, slurm_conf=str(stack.cluster.slurm_conf))
     env = localcluster.slurm_env(stack.cluster)
     job_id = int(
@@ -60,35 +63,7 @@ def test_injected_xid_moves_the_job_off_the_node(stack):
         ).stdout.split(";")[0]
     )
     try:
-        first = wait_for(lambda: (j := sched.get_job(job_id)).state == "RUNNING" and j)
-        bad = first.nodes[1]
-        injected_at = time.time()
-        out = srecovery(stack, "sim", "inject", "--node", bad, "--gpu", "1", "--xid", "79")
-        assert out.returncode == 0, out.stderr
-        again = wait_for(
-            lambda: (j := sched.get_job(job_id)).state == "RUNNING" and j.restart_count == 1 and j,
-            timeout=30,
-        )
-        assert bad not in again.nodes and bad in again.excluded_nodes
-        assert sched.get_node(bad).drained
-
-        client = ControllerClient(stack.url, munge_socket=str(stack.cluster.munge_socket))
-        incident = client.get(f"/v1/jobs/{job_id}")["incidents"][0]
-        (xid,) = [e for e in incident["evidence"] if e["kind"] == "xid"]
-        assert (xid["source"], xid["node"], xid["gpu"]) == ("sidecar", bad, 1)
-        assert xid["payload"]["origin"] == "sim"
-        detected = incident["milestones"]["detected"]
-        latency = datetime.fromisoformat(detected).timestamp() - injected_at
-        assert latency < 2.0, f"injected XID -> incident took {latency:.2f}s"
-
-        # the hooks reported the job's start on both nodes, through the node sidecars
-        with Store.open(stack.base / "state.db", readonly=True) as store:
-            starts = {
-                e.evidence.node
-                for e in store.find_evidence(job_id=job_id)
-                if e.evidence.kind == "job_start"
-            }
-        assert set(first.nodes) <= starts
+        yield sched, job_id
     finally:
         subprocess.run(["scancel", str(job_id)], env=env)
         for node in sched.list_nodes():
@@ -96,23 +71,47 @@ def test_injected_xid_moves_the_job_off_the_node(stack):
                 sched.resume_node(node.name)
 
 
-def test_a_recovery_waiting_for_a_stopped_slurmctld_finishes_soon_after_it_answers(stack):
+def test_injected_xid_moves_the_job_off_the_node(stack, two_node_job):
+    sched, job_id = two_node_job
+    first = wait_for(lambda: (j := sched.get_job(job_id)).state == "RUNNING" and j)
+    bad = first.nodes[1]
+    injected_at = time.time()
+    out = srecovery(stack, "sim", "inject", "--node", bad, "--gpu", "1", "--xid", "79")
+    assert out.returncode == 0, out.stderr
+    again = wait_for(
+        lambda: (j := sched.get_job(job_id)).state == "RUNNING" and j.restart_count == 1 and j,
+        timeout=30,
+    )
+    assert bad not in again.nodes and bad in again.excluded_nodes
+    assert sched.get_node(bad).drained
+
+    client = ControllerClient(stack.url, munge_socket=str(stack.cluster.munge_socket))
+    incident = client.get(f"/v1/jobs/{job_id}")["incidents"][0]
+    (xid,) = [e for e in incident["evidence"] if e["kind"] == "xid"]
+    assert (xid["source"], xid["node"], xid["gpu"]) == ("sidecar", bad, 1)
+    assert xid["payload"]["origin"] == "sim"
+    detected = incident["milestones"]["detected"]
+    latency = datetime.fromisoformat(detected).timestamp() - injected_at
+    assert latency < 2.0, f"injected XID -> incident took {latency:.2f}s"
+
+    # the hooks reported the job's start on both nodes, through the node sidecars
+    with Store.open(stack.base / "state.db", readonly=True) as store:
+        starts = {
+            e.evidence.node
+            for e in store.find_evidence(job_id=job_id)
+            if e.evidence.kind == "job_start"
+        }
+    assert set(first.nodes) <= starts
+
+
+def test_a_recovery_waiting_for_a_stopped_slurmctld_finishes_soon_after_it_answers(
+    stack, two_node_job
+):
     """Issue 30 item 2, on the production path: slurmctld stopped (SIGSTOP) for 12 s (past the
     tool's 10 s command timeout; the issue's probe stopped it 20 s) while an XID hits a running
     2-node job through the node's sidecar; once slurmctld answers again the restart finishes
     within 5 s (a recovery on a healthy slurmctld takes 1-4 s)."""
-    sched = ScontrolScheduler(timeout=10, slurm_conf=str(stack.cluster.slurm_conf))
-    env = localcluster.slurm_env(stack.cluster)
-    job_id = int(
-        subprocess.run(
-            ["sbatch", "--parsable", "-N2", "--wrap=sleep 600"],
-            env=env,
-            cwd="/tmp",
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split(";")[0]
-    )
+    sched, job_id = two_node_job
     pid = localcluster.status(stack.cluster.base)["processes"]["slurmctld"]["pid"]
     try:
         bad = wait_for(lambda: (j := sched.get_job(job_id)).state == "RUNNING" and j).nodes[1]
@@ -140,7 +139,3 @@ def test_a_recovery_waiting_for_a_stopped_slurmctld_finishes_soon_after_it_answe
         assert sched.get_job(job_id).restart_count == 1
     finally:
         os.kill(pid, signal.SIGCONT)
-        subprocess.run(["scancel", str(job_id)], env=env)
-        for node in sched.list_nodes():
-            if node.drained:
-                sched.resume_node(node.name)

@@ -58,26 +58,43 @@ def srecovery(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
 # --- (a) slurmctld restarted in the middle of a restart ---------------------------------------
 
 
-def scontrol_that_stops_slurmctld(folder: Path, cluster_base: Path, after: str) -> Path:
-    """A scheduler.slurm_bin_dir whose scontrol stops slurmctld (SIGTERM, as `systemctl stop`)
-    right after the first successful ``scontrol <after> ...``: the fault hits the controller
-    between two steps of a restart, at a known point."""
+def scontrol_that_acts_once(folder: Path, after: str, action: str) -> None:
+    """A scheduler.slurm_bin_dir whose scontrol runs the shell ``action`` right after the first
+    successful ``scontrol <after> ...``: a fault that hits between two steps of a restart, at a
+    known point (``folder/acted`` marks that it ran)."""
     folder.mkdir()
     for tool in ("squeue", "sinfo", "scancel"):
         (folder / tool).symlink_to(shutil.which(tool))
-    done = folder / "stopped-once"
     script = folder / "scontrol"
     script.write_text(
         "#!/bin/bash\n"
         f'{shutil.which("scontrol")} "$@"; rc=$?\n'
-        f'if [ $rc -eq 0 ] && [ "$1" = "{after}" ] && [ ! -e {done} ]; then\n'
-        f'  {sys.executable} -c "from pathlib import Path; from slurm_recovery import '
-        f"localcluster; localcluster.stop_slurmctld(Path('{cluster_base}'))\"\n"
-        f"  touch {done}\n"
+        f'if [ $rc -eq 0 ] && [ "$1" = "{after}" ] && [ ! -e {folder}/acted ]; then\n'
+        f"  touch {folder}/acted\n"
+        f"  {action}\n"
         "fi\n"
         "exit $rc\n"
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def use_slurm_bin_dir(stack: Stack, folder: Path) -> None:
+    """Point the (not yet started) stack's controller at the Slurm commands in ``folder``."""
+    text = stack.config.read_text()
+    where = f'backend = "scontrol"\nslurm_bin_dir = "{folder}"\n'
+    stack.config.write_text(text.replace('backend = "scontrol"\n', where))
+
+
+def scontrol_that_stops_slurmctld(folder: Path, cluster_base: Path, after: str) -> Path:
+    """slurmctld stopped (SIGTERM, as `systemctl stop`) right after the first successful
+    ``scontrol <after> ...``; returns the file that says it was stopped."""
+    done = folder / "stopped-once"
+    scontrol_that_acts_once(
+        folder,
+        after,
+        f'{sys.executable} -c "from pathlib import Path; from slurm_recovery import '
+        f"localcluster; localcluster.stop_slurmctld(Path('{cluster_base}'))\"; touch {done}",
+    )
     return done
 
 
@@ -89,12 +106,7 @@ def test_slurmctld_restarted_mid_restart_completes_once_and_leaves_nothing_held(
     stack = stacks("act", start=False)
     bin_dir = stack.base / "bin"
     stopped = scontrol_that_stops_slurmctld(bin_dir, local_cluster.base, after)
-    text = stack.config.read_text()
-    stack.config.write_text(
-        text.replace(
-            'backend = "scontrol"\n', f'backend = "scontrol"\nslurm_bin_dir = "{bin_dir}"\n'
-        )
-    )
+    use_slurm_bin_dir(stack, bin_dir)
     stack.start()
     job_id = submit("-N2", "--wrap=sleep 600")
     bad = wait_for(lambda: running(scheduler, job_id)).nodes[0]

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ from slurm_recovery import localcluster
 from tests.conftest import wait_for, wait_passes
 from tests.integration import test_controller
 from tests.integration.test_controller import Stack, running, story_or_none
+from tests.integration.test_faults import scontrol_that_acts_once, use_slurm_bin_dir
 
 pytestmark = pytest.mark.cluster
 
@@ -169,24 +168,15 @@ def test_a_requeued_job_left_without_room_later_is_shown_the_same(
 
 
 def scontrol_that_pauses_slurmctld(folder: Path, pid: int, after: str, seconds: float) -> Path:
-    """A scheduler.slurm_bin_dir whose scontrol stops slurmctld (SIGSTOP) for ``seconds``
-    right after the first successful ``scontrol <after> ...``: slurmctld stalls between two
-    steps of a restart, at a known point. Returns the file that says when it was continued."""
-    folder.mkdir()
-    for tool in ("squeue", "sinfo", "scancel"):
-        (folder / tool).symlink_to(shutil.which(tool))
+    """slurmctld stopped (SIGSTOP) for ``seconds`` right after the first successful
+    ``scontrol <after> ...``; returns the file that says when it was continued."""
     resumed = folder / "continued-at"
-    script = folder / "scontrol"
-    script.write_text(
-        "#!/bin/bash\n"
-        f'{shutil.which("scontrol")} "$@"; rc=$?\n'
-        f'if [ $rc -eq 0 ] && [ "$1" = "{after}" ] && [ ! -e {folder}/stopped ]; then\n'
-        f"  touch {folder}/stopped; kill -STOP {pid}\n"
-        f"  (sleep {seconds}; kill -CONT {pid}; date +%s.%N > {resumed}) >/dev/null 2>&1 &\n"
-        "fi\n"
-        "exit $rc\n"
+    scontrol_that_acts_once(
+        folder,
+        after,
+        f"kill -STOP {pid}; (sleep {seconds}; kill -CONT {pid}; date +%s.%N > {resumed}) "
+        ">/dev/null 2>&1 &",
     )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return resumed
 
 
@@ -203,9 +193,7 @@ def test_a_restart_stalled_by_a_stopped_slurmctld_finishes_soon_after_it_answers
     stack = stacks("act", start=False)
     bin_dir = stack.base / "bin"
     resumed = scontrol_that_pauses_slurmctld(bin_dir, pid, "requeuehold", 12)
-    text = stack.config.read_text()
-    where = f'backend = "scontrol"\nslurm_bin_dir = "{bin_dir}"\n'
-    stack.config.write_text(text.replace('backend = "scontrol"\n', where))
+    use_slurm_bin_dir(stack, bin_dir)
     stack.start()
     job_id = submit("-N2", "--wrap=sleep 600")
     bad = wait_for(lambda: running(scheduler, job_id), timeout=60).nodes[1]
