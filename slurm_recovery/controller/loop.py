@@ -831,7 +831,7 @@ class Reconciler:
             for step in nxt.found:
                 self._found(incident, plan, step)
             for change in nxt.changes:
-                self._record_change(incident, job_id, change)
+                self._record_change(incident, job_id, change, advice.evidence_ids)
             if released_at is not None:
                 self.store.add_milestone(incident.id, "released", at=released_at)
             if isinstance(nxt.action, Wait):
@@ -915,9 +915,13 @@ class Reconciler:
         times = [r.ts for r in rows if r.kind == "watchdog_release"]
         return min(times) if times else None
 
-    def _record_change(self, incident: Incident, job_id: int, change: Change) -> None:
+    def _record_change(
+        self, incident: Incident, job_id: int, change: Change, answered: Sequence[int] = ()
+    ) -> None:
         """Someone else changed what the tool did: record it once as ``slurm_change``
-        evidence (shown by ``explain``) and audit it; the tool leaves the change as it is."""
+        evidence (shown by ``explain``) and audit it; the tool leaves the change as it is. A
+        resume names the evidence the tool's drain answered (``answered``, the advice's):
+        :func:`~slurm_recovery.decide.cleared.repaired_ids`."""
         key = f"{change.what}:{change.target}"
         seen = self.store.evidence_by_kinds(("slurm_change",), job_id=job_id, limit=1000)
         if any(
@@ -942,6 +946,7 @@ class Reconciler:
                             "key": key,
                             "change": change.what,
                             "detail": change.detail,
+                            **({"evidence": list(answered)} if change.what == "resumed" else {}),
                         },
                     )
                 ]

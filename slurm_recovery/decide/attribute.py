@@ -52,7 +52,7 @@ from typing import Any
 
 from slurm_recovery.contract.hostlist import compress
 from slurm_recovery.contract.wire import health_check_failure_line
-from slurm_recovery.decide.cleared import cleared_ids, resumed_at
+from slurm_recovery.decide.cleared import cleared_ids
 from slurm_recovery.decide.detect import (
     NODE_FINDING_KINDS,
     START_SLACK,
@@ -471,6 +471,22 @@ def _unknown(
         evidence_ids=tuple(sorted(ids)),
         cause=cause,
     )
+
+
+def resumed_at(evidence: Sequence[Evidence], before: float) -> dict[str, float]:
+    """node -> when Slurm last showed it resumed from a drain, up to ``before`` (the
+    controller's ``slurm_change`` evidence). What was said about a node before it was repaired
+    and put back into service does not explain a later failure."""
+    found: dict[str, float] = {}
+    for ev in evidence:
+        if (
+            ev.kind == "slurm_change"
+            and ev.node is not None
+            and ev.payload.get("change") == "resumed"
+            and ev.observed_at <= before
+        ):
+            found[ev.node] = max(found.get(ev.node, ev.observed_at), ev.observed_at)
+    return found
 
 
 def _straggler(incident: Incident, evidence: Sequence[Evidence]) -> Verdict:

@@ -5,15 +5,14 @@ A GPU or fabric finding is ended by a later finding of the same check (and GPU, 
 latest says how it is now, and a ``cleared: true`` one says the condition went away (a healthy
 NVML read). An XID or a GPU finding is ended by a later ``gpu_reset`` of its GPU, or of
 the whole node (the sidecar's ``gpu_finding`` with check ``gpu_reset``; ``srecovery sim inject
---clear`` sends one). A reset or a cleared record is itself never a fault. And a node's
-evidence from before an operator resumed it from the tool's drain (the controller's
-``slurm_change`` evidence, :func:`resumed_at`) explains no later failure and dooms no later
-job: the resume says the node was repaired. Pure.
+--clear`` sends one). A reset or a cleared record is itself never a fault. And the evidence
+a drain by the tool answered dooms no later job once an operator resumed the node
+(:func:`repaired_ids`): the resume says it was repaired. Pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable
 
 from slurm_recovery.decide.model import Evidence
 
@@ -76,17 +75,15 @@ def still_open(evidence: Iterable[Evidence], until: float | None = None) -> list
     return [ev for ev in items if ev.id not in ended]
 
 
-def resumed_at(evidence: Sequence[Evidence], before: float) -> dict[str, float]:
-    """node -> when Slurm last showed it resumed from a drain, up to ``before`` (the
-    controller's ``slurm_change`` evidence). What was said about a node before it was repaired
-    and put back into service does not explain a later failure."""
-    found: dict[str, float] = {}
-    for ev in evidence:
-        if (
-            ev.kind == "slurm_change"
-            and ev.node is not None
-            and ev.payload.get("change") == "resumed"
-            and ev.observed_at <= before
-        ):
-            found[ev.node] = max(found.get(ev.node, ev.observed_at), ev.observed_at)
-    return found
+def repaired_ids(evidence: Iterable[Evidence]) -> frozenset[int]:
+    """The ids of the evidence a drain by the tool answered, once an operator resumed that
+    node: the controller's ``slurm_change`` record of the resume names them (``evidence``).
+    The ids, not a time: the record is written when the controller notices the resume, so a
+    new fault reported just after the resume but before the record still counts."""
+    return frozenset(
+        int(i)
+        for ev in evidence
+        if ev.kind == "slurm_change" and ev.payload.get("change") == "resumed"
+        for i in ev.payload.get("evidence") or ()
+        if type(i) is int
+    )

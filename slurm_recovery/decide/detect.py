@@ -33,7 +33,7 @@ import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from slurm_recovery.contract.hostlist import compress
-from slurm_recovery.decide.cleared import resumed_at, still_open
+from slurm_recovery.decide.cleared import repaired_ids, still_open
 from slurm_recovery.decide.joblogs import judge_job_log, of_attempt
 from slurm_recovery.decide.model import (
     ClusterView,
@@ -186,11 +186,9 @@ def detect(
     ordered = sorted(still_open(evidence), key=_evidence_order)
     of_job = by_job(ordered)
     fatal_on: dict[str, list[Evidence]] = {}
-    resumed = resumed_at(ordered, view.now)  # said before the node's repair: not any more
+    repaired = repaired_ids(ordered)  # answered by a drain an operator has since resumed
     for ev in ordered:
-        if ev.node is None or ev.observed_at <= resumed.get(ev.node, float("-inf")):
-            continue
-        if is_fatal_node_event(ev, catalogue):
+        if ev.node is not None and ev.id not in repaired and is_fatal_node_event(ev, catalogue):
             fatal_on.setdefault(ev.node, []).append(ev)
     found: list[Incident] = []
     for job_id in sorted(view.jobs):

@@ -149,17 +149,22 @@ def test_fatal_evidence_from_before_the_job_started_does_not_doom():
     assert len(run(job(), evidence=[xid(5, 79, at=START - START_SLACK)])) == 1
 
 
-def test_evidence_from_before_an_operators_resume_does_not_doom():
-    """The tool drained n2 for an XID, an operator resumed it, and the job started on it
-    within START_SLACK (seen on 26.05): the XID said before the repair dooms nothing; a new
-    one after the resume does."""
+def test_evidence_a_resumed_drain_answered_does_not_doom():
+    """The tool drained n2 for XID 5, an operator resumed it, and the job started on it
+    within START_SLACK (seen on 26.05): XID 5, which the resume record names, dooms nothing; a
+    new XID does, even one stored before the controller noticed the resume (the soak test's
+    resume-then-inject), and a resume record naming nothing (observe.py's) discounts nothing."""
     resumed = Evidence(7, "controller", "slurm_change", START - 1, node="n2",
-                       payload={"change": "resumed", "detail": "n2 resumed"})  # fmt: skip
+                       payload={"change": "resumed", "incident": 1, "evidence": [5]})  # fmt: skip
     assert run(job(), evidence=[xid(5, 79, at=START - 1.5), resumed]) == []
-    assert len(run(job(), evidence=[xid(5, 79, at=START - 1.5), resumed, xid(8, 79)])) == 1
-    other = Evidence(7, "controller", "slurm_change", START - 1, node="n2",
-                     payload={"change": "unexcluded"})  # fmt: skip
-    assert len(run(job(), evidence=[xid(5, 79, at=START - 1.5), other])) == 1
+    (doomed,) = run(job(), evidence=[xid(5, 79, at=START - 1.5), resumed, xid(8, 79)])
+    assert doomed.trigger_ids == (8,)
+    late = Evidence(9, "controller", "slurm_change", 1_600, node="n2",
+                    payload={"change": "resumed", "incident": 1, "evidence": [5]})  # fmt: skip
+    assert len(run(job(), evidence=[xid(8, 79, at=1_550), late])) == 1
+    seen = Evidence(7, "controller", "slurm_change", START - 1, node="n2",
+                    payload={"change": "resumed", "node": "n2"})  # fmt: skip
+    assert len(run(job(), evidence=[xid(5, 79, at=START - 1.5), seen])) == 1
 
 
 def test_evidence_without_a_usable_xid_is_ignored():
