@@ -205,6 +205,8 @@ class Match:
     #: the error the line names (a ``code`` group: a name, value or message an emitter table
     #: lists), for a signature with ``tables``
     code: str | None = None
+    #: how many events the line reports (a ``count`` group: EDAC's "120 CE"), for repeats
+    count: int = 1
 
 
 @dataclass(frozen=True)
@@ -493,6 +495,7 @@ class SignatureCatalogue:
             stamp, assumed = when_override, False
             if stamp is None:
                 stamp, assumed = _timestamp(line, year if year is not None else _this_year())
+            count_text = _group(named, "count")
             return Match(
                 signature_id=signature.id,
                 line_no=line_no,
@@ -505,6 +508,7 @@ class SignatureCatalogue:
                 xid=xid,
                 year_assumed=assumed and stamp is not None,
                 code=code,
+                count=int(count_text) if count_text and count_text.isdigit() else 1,
             )
         return None
 
@@ -740,9 +744,14 @@ _ENGLISH = (
     "y2.0 p1.9 b1.5 v1.0 k0.8 j.15 x.15 q.1 z.07"
 )
 _LETTER_SHARE = {pair[0]: float(pair[1:]) for pair in _ENGLISH.split()}
-# What a byte that starts a match attempt costs, relative to one pass over the block: a pass
-# runs at about 0.3 ns/byte; an attempt at a candidate byte costs about 2.5 ns.
-_ATTEMPT_PER_PERCENT = 0.09
+# What a byte that starts a match attempt costs, per percent of the block's bytes, relative to
+# one pass over the block (about 0.4 ns/byte): an attempt costs 10 ns or more (70 ns where the
+# trie behind the byte has 19 branches, as behind 'o'), but a pass is dearer than the sum of its
+# parts suggests. Calibrated by timing the prefilter on three kinds of log (bench/log_scan.py's
+# training log, the development corpus's logs, Slurm daemon and dpkg logs): 0.2 to 0.3 was the
+# fastest on all three (10-25% faster than 0.09, which made the most common letters search
+# bytes); above 0.5, more passes cost more than the attempts they save.
+_ATTEMPT_PER_PERCENT = 0.25
 
 
 def _byte_share(byte: int) -> float:
@@ -1208,14 +1217,15 @@ def _escalate_repeats(
     assessed: list[tuple[Match, Assessment, int]], catalogue: SignatureCatalogue
 ) -> list[tuple[Match, Assessment, int]]:
     """Repeats escalate: a hardware warning that a signature says to count (``escalate_after``,
-    e.g. corrected memory errors) becomes a fault of its node once that many lines about one
-    node (its host, else its file) are in the log."""
+    e.g. corrected memory errors) becomes a fault of its node once that many events about one
+    node (its host, else its file) are in the log: a line counts as the events it reports
+    (EDAC's "120 CE memory read error" is 120, a storm in one line), else as one."""
     counts: dict[tuple[str, str | None], int] = {}
     for m, _, _ in assessed:
         signature = catalogue.get(m.signature_id)
         if signature is not None and signature.escalate_after:
             key = (m.signature_id, _about(m))
-            counts[key] = counts.get(key, 0) + 1
+            counts[key] = counts.get(key, 0) + max(1, m.count)
     if not counts:
         return assessed
     escalated = []
@@ -1232,7 +1242,7 @@ def _escalate_repeats(
                 action="requeue_exclude",
                 knock_on=False,
                 blame_node=True,
-                label=f"{a.label} repeated {counts[key]} times",
+                label=f"{a.label} repeated: {counts[key]} events about one node",
             )
         escalated.append((m, a, i))
     return escalated

@@ -276,10 +276,33 @@ CE = (
 
 
 def test_corrected_memory_errors_escalate_to_a_node_fault_when_they_repeat() -> None:
-    assert verdict([CE.format(n=4), CE.format(n=2)]).action == "none"
-    got = verdict([CE.format(n=4), CE.format(n=2), CE.format(n=6)])
+    assert verdict([CE.format(n=1), CE.format(n=1)]).action == "none"
+    got = verdict([CE.format(n=1), CE.format(n=1), CE.format(n=1)])
     assert (got.action, got.blame_nodes) == ("requeue_exclude", ["errol"])
-    assert "repeated 3 times" in got.cause
+    assert "repeated: 3 events about one node" in got.cause
+
+
+def test_an_edac_line_counts_as_the_corrected_errors_it_reports() -> None:
+    """EDAC batches what it found in one poll: "120 CE" in one line is a storm, not one
+    event; "1 CE" is one."""
+    assert verdict([CE.format(n=1)]).action == "none"
+    got = verdict([CE.format(n=120)])
+    assert (got.action, got.blame_nodes) == ("requeue_exclude", ["errol"])
+    assert "120 events" in got.cause
+    assert verdict([CE.format(n=2)]).action == "none"
+    assert verdict([CE.format(n=2), CE.format(n=1)]).action == "requeue_exclude"
+
+
+def test_an_uncorrected_status_decoded_by_mcelog_blames_the_node_and_a_corrected_one_does_not() -> (
+    None
+):
+    """mcelog prints a machine check as "STATUS <MCi_STATUS> MCGSTATUS <...>": the UC bit
+    (61, with VAL) decides, as for the kernel's own record."""
+    uc = "Dec  1 10:00:00 errol mcelog: STATUS be00000000800400 MCGSTATUS 0"
+    ce = "Dec  1 10:00:00 errol mcelog: STATUS 8c00004f000800c2 MCGSTATUS 0"
+    assert verdict([uc]).action == "requeue_exclude"
+    assert verdict([uc]).blame_nodes == ["errol"]
+    assert verdict([ce]).action == "none"
 
 
 # ---------------------------------------------------------------- collective timeouts

@@ -30,8 +30,9 @@ CASES = load_corpus()
 DEVELOPMENT = [c for c in CASES if c.part == "development"]
 SEALED = [c for c in CASES if c.part == "sealed"]
 #: Today's development figures, as floors: (accuracy, node-blame recall, application faults
-#: blamed at most), bare and with the job's one node given.
-FLOORS = {False: (0.77, 0.86, 3), True: (0.77, 0.89, 3)}
+#: blamed at most), bare and with the job's one node given. (Three sealed threads opened on
+#: 2026-12-04 joined the development part with their misses: 0.78 -> 0.767, 3 -> 4 blamed.)
+FLOORS = {False: (0.76, 0.86, 4), True: (0.76, 0.89, 4)}
 
 
 def test_the_corpus_has_300_cases_from_250_threads_and_a_sealed_part_of_100() -> None:
