@@ -17,10 +17,13 @@ import pytest
 
 from bench.attribution import (
     CORPUS,
+    LIKE_SEALED,
     SEALED_LIST,
+    Case,
     CaseError,
     load_case,
     load_corpus,
+    root_ceiling,
     score,
     sealed_threads,
     thread_of,
@@ -94,3 +97,42 @@ def test_a_case_with_inconsistent_labels_is_refused(tmp_path: Path) -> None:
 def test_the_corpus_directory_is_where_the_bench_reads_it() -> None:
     assert Path(__file__).resolve().parents[1] / "corpus" == CORPUS
     assert (CORPUS / SEALED_LIST).is_file()
+
+
+def _case(name: str, log: str, action: str, area: str = "gpu", part: str = "development") -> Case:
+    return Case(
+        path=Path(f"{name}.toml"),
+        area=area,
+        url=f"https://example.org/{name}",
+        title=name,
+        basis="test",
+        fault_domain="application" if action == "stop" else "unknown",
+        node_fault=False,
+        action=action,
+        single_node=True,
+        log=log,
+        part=part,
+    )
+
+
+def test_the_ceiling_counts_what_the_root_line_cannot_separate() -> None:
+    segfault = "srun: error: n1: task 0: Segmentation fault (core dumped)"
+    cases = [
+        _case("a", segfault, "stop"),
+        _case("b", segfault, "stop"),
+        _case("c", segfault, "requeue"),
+        _case("d", "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", "stop"),
+    ]
+    assert root_ceiling(cases) == (3, 4, 2)
+
+
+def test_like_for_like_scores_the_development_cases_of_the_sealed_parts_areas_only() -> None:
+    oom = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    cases = [
+        _case("a", oom, "stop", area="host"),
+        _case("b", oom, "stop", area="gpu"),
+        _case("c", oom, "stop", area="host", part="sealed"),
+    ]
+    scores = score(cases, with_nodes=False)
+    assert scores[LIKE_SEALED].cases == 1
+    assert scores["development"].cases == 2
