@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from slurm_recovery.signals.coverage import coverage
-from slurm_recovery.signals.logs import LogVerdict, classify, default_catalogue
+from slurm_recovery.signals.logs import THIS_NODE, LogVerdict, classify, default_catalogue
 
 try:  # python -m bench.attribution, or imported by the tests
     from bench.report import write_json
@@ -197,13 +197,19 @@ class Outcome:
     @property
     def right_blame(self) -> bool:
         """A node fault blamed on the right node: exactly n1 with ``--nodes n1``; bare, any
-        node unless the case names which."""
+        node unless the case names which, and then that one (or, for a one-node log that
+        never names it, the log's own node)."""
         got = self.verdict.blame_nodes
         if self.with_nodes:
             return got == [ONE_NODE]
         if self.case.blame:
             short = {b.split(".", 1)[0] for b in self.case.blame}
-            return any(g.split(".", 1)[0] in short for g in got)
+            if any(g.split(".", 1)[0] in short for g in got):
+                return True
+            # a one-node log that never names its host: "the log's node" is the only right
+            # answer the text allows (the source named the host, the lines do not)
+            unnamed = not any(b in self.case.log for b in short)
+            return self.case.single_node and unnamed and got == [THIS_NODE]
         return bool(got)
 
     @property
