@@ -231,10 +231,12 @@ def key_lines(text: str) -> dict[KeyPath, int]:
             if stripped.count(in_string) % 2:
                 in_string = None
             continue
-        header = re.match(r"\[(\[?)(.*?)\]\]?\s*(?:#.*)?$", stripped)
+        header = re.match(r"\[(\[?)\s*", stripped)
         if header:
-            split = _split_key(header.group(2))
-            if split is None:
+            # the key first (a quoted name may hold "]" or "#"), then the closing bracket(s)
+            split = _split_key(stripped[header.end() :])
+            close = r"\s*\]\]\s*(?:#.*)?$" if header.group(1) else r"\s*\](?:\s*#.*)?\s*$"
+            if split is None or not re.match(close, split[1]):
                 continue
             resolved: list[str | int] = []
             for part in split[0]:

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from slurm_recovery import schema
@@ -233,6 +233,8 @@ def toml_key(key: str) -> str:
 
 
 @given(st.dictionaries(KEYS, st.dictionaries(KEYS, VALUES, max_size=4), max_size=4))
+@example({"]#": {}})  # a quoted table name holding "]" and "#" (found by hypothesis)
+@example({"a]": {"b": 1}, "[[x": {"#]": "y"}})
 def test_every_key_is_found_on_its_own_line(tables):
     lines = []
     for table, values in tables.items():
