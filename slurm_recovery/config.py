@@ -444,6 +444,15 @@ class ControllerConfig(_Section):
             "of the job's restarts while drained, never counted or resumed as the tool's."
         ),
     ] = DrainReasonPrefixes.check(list(DEFAULT_HEALTH_CHECK_PREFIXES))
+    missing_report_grace: Annotated[
+        Duration,
+        msgspec.Meta(
+            description="A node running a job whose sidecar has sent nothing for this long is "
+            "a finding about the node (sidecar_silent: weak, system; it never drains, stops "
+            "or requeues anything on its own). 2.5 sidecar.status_interval periods by "
+            "default: a finding within 3 periods of the last report; 0: off."
+        ),
+    ] = Duration.check(150)
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
@@ -556,6 +565,13 @@ class SidecarConfig(_Section):
             "and the hook spool."
         ),
     ] = PositiveDuration.check(0.2)
+    status_interval: Annotated[
+        PositiveDuration,
+        msgspec.Meta(
+            description="How often the sidecar sends its status (heartbeat, queue, sources) "
+            "when nothing else is sent; the controller's missing_report_grace counts in these."
+        ),
+    ] = PositiveDuration.check(60)
     spool_dir: Annotated[
         NodePath,
         msgspec.Meta(

@@ -47,6 +47,7 @@ EVENT_KINDS: Mapping[str, str] = {
     "flight_recorder": "sidecar: a summary of PyTorch's NCCL flight recorder dumps",
     "operator_report": "operators (srecovery report): a node or job reported bad, in words",
     "host_memory": "sidecar host source: the node's available memory fell low, or recovered",
+    "sidecar_silent": "controller: a node's sidecar sent nothing past the grace while it ran a job",
 }
 
 

@@ -25,6 +25,7 @@ from slurm_recovery.contract.spool import HookSpool
 from slurm_recovery.contract.wire import parse_event
 from slurm_recovery.controller.nodelisting import NodeListing
 from slurm_recovery.controller.observe import HEALTH_CHECK_KIND, observe
+from slurm_recovery.controller.reports import LastReports, record_silences
 from slurm_recovery.decide.advise import advise, after_drains, needs_operator_rule
 from slurm_recovery.decide.attribute import XID_REPEAT_WINDOW, attribute
 from slurm_recovery.decide.detect import detect, with_failed_attempts
@@ -249,11 +250,16 @@ class Reconciler:
         after_step: StepDone | None = None,
         node_listing: NodeListing | None = None,
         health_check_prefixes: Sequence[str] = DEFAULT_HEALTH_CHECK_PREFIXES,
+        reports: LastReports | None = None,
+        missing_report_grace: float = 0.0,
     ) -> None:
         """``node_listing``: where the passes take Slurm's nodes from (the service's, kept
         fresh by its own thread); None: each pass reads them itself.
         ``health_check_prefixes``: drain reasons that mark the site's health check's drains
-        (``controller.health_check_drain_prefixes``)."""
+        (``controller.health_check_drain_prefixes``).
+        ``reports``: when each node's sidecar was last heard from (the ingest's); with
+        ``missing_report_grace`` > 0, a node silent past it while it runs a job is recorded as
+        a ``sidecar_silent`` finding (``controller.reports``)."""
         self.store = store
         self.scheduler = scheduler
         #: the policy file's; ``policy`` is it with the mode overrides on top (each pass)
@@ -283,6 +289,10 @@ class Reconciler:
         self.health_check_prefixes = tuple(health_check_prefixes)
         self._checked: tuple[Mapping[str, Node] | None, Mapping[str, str]] = (None, {})
         self._evidence_window = EvidenceWindow()
+        self.reports = reports
+        self.missing_report_grace = missing_report_grace
+        #: node -> the last report of the silence recorded for it (one finding per silence)
+        self._silences: dict[str, float] = {}
         #: why this controller cannot trust its reading of this Slurm ("" when it can): set
         #: when its first read fails, and then every partition is in monitor mode for good
         self.slurm_problem: str = ""
@@ -330,6 +340,13 @@ class Reconciler:
                 observe(self.store, view, self.last_view)
             except Exception:  # a record for the scorecard must never stop recovery
                 log.exception("recording Slurm changes failed; going on")
+            if self.reports is not None and self.missing_report_grace > 0:
+                try:
+                    record_silences(
+                        self.store, view, self.reports, self._silences, self.missing_report_grace
+                    )
+                except Exception:  # a finding about a silent node must never stop recovery
+                    log.exception("recording silent sidecars failed; going on")
             self.last_view = view
             self._forget_undone_drains(view)
             self._detect_and_decide(view)

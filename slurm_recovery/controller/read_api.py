@@ -54,6 +54,7 @@ NODE_EVIDENCE_KINDS = (
     "node_state",
     "log_signature",
     "slurm_change",
+    "sidecar_silent",
 )
 #: Evidence kinds that may be a fatal finding (the lemon score's second input).
 FATAL_KINDS = ("xid", "operator_report", "gpu_finding", "ib_finding")

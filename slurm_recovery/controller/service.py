@@ -33,6 +33,7 @@ from slurm_recovery.controller.checkpointer import Checkpointer
 from slurm_recovery.controller.loop import Reconciler, StepDone
 from slurm_recovery.controller.metrics import Metrics, ReadAtScrape
 from slurm_recovery.controller.nodelisting import NodeListing
+from slurm_recovery.controller.reports import LastReports
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import load_policy
 from slurm_recovery.scheduler import Node, Scheduler, SchedulerError, Unreachable, open_scheduler
@@ -200,6 +201,8 @@ class Controller:
         self.cluster = ""
         self.node_addresses: dict[str, frozenset[str]] = {}
         self._unplaceable_jobs: set[int] = set()  # the jobs last seen waiting without room
+        #: when each node's sidecar was last heard from (the ingest notes, the loop reads)
+        self.reports = LastReports()
         self.address_book = AddressBook()
         self.reconciler: Reconciler | None = None
         self._wake = asyncio.Event()
@@ -217,6 +220,7 @@ class Controller:
 
     def _make_reconciler(self) -> Reconciler:
         self.cluster = self.config.cluster.name or self.scheduler.cluster_name()
+        self.reports.seed(self.loop_worker.store(), time.time())
         interval = self.config.controller.loop_interval
         self.node_listing = NodeListing(
             self.scheduler.list_nodes, every=interval, max_age=max(5.0, 3 * interval)
@@ -234,6 +238,8 @@ class Controller:
             after_step=self.after_step,
             node_listing=self.node_listing,
             health_check_prefixes=self.config.controller.health_check_drain_prefixes,
+            reports=self.reports,
+            missing_report_grace=self.config.controller.missing_report_grace,
         )
 
     async def start(self, app: web.Application) -> None:
@@ -446,6 +452,8 @@ class Controller:
                         ids = self._store_evidence(store, *item)
                     urgent = any(wakes_the_loop(e) for e in item[1])
                     results.append((ids, urgent))
+                    if item[0].role == "sidecar" and item[0].node:
+                        self.reports.heard(item[0].node, time.time())
                 except StoreError as exc:
                     results.append(exc)
         return results

@@ -178,6 +178,15 @@ def describe_evidence(e: Mapping[str, Any]) -> str:
         return f"the site's health check drained {e.get('node') or '?'}: " + _one_line(
             p.get("reason", "")
         )
+    if kind == "sidecar_silent":
+        quiet = p.get("silent_for")
+        jobs = p.get("jobs") if isinstance(p.get("jobs"), list) else []
+        running = f" while it ran job{'s' if len(jobs) > 1 else ''} " if jobs else ""
+        return (
+            f"{e.get('node') or '?'}'s sidecar sent nothing"
+            + (f" for {quiet:.0f}s" if isinstance(quiet, int | float) else "")
+            + (running + ", ".join(str(j) for j in jobs) if jobs else "")
+        )
     if kind == "slurm_change":
         if p.get("incident") is not None:  # after one of the incident's steps: left as it is
             return f"Slurm: {_one_line(p.get('detail', ''))} (kept: the tool does not undo it)"

@@ -26,7 +26,8 @@ the node it implicates (if any). The verdict is the first tier that has findings
 5. weak system: the same for system evidence (0.6, 0.5, 0.5), a node Slurm shows down
    while the job failed some other way (0.6), and the site's health check (NHC) against a node:
    a drain with its reason (``health_check_drain``), or its failure in the prolog's health gate
-   at this attempt's start (``job_start``'s ``health_gate.nhc``) (0.7);
+   at this attempt's start (``job_start``'s ``health_gate.nhc``) (0.7), a node whose sidecar
+   fell silent while it ran the job (``sidecar_silent``: ``decide.silence``) (0.5);
 6. unknown: nothing above (confidence 0); the cause says what little is known (an exit code in
    ``do_not_requeue_exit_codes``, an XID the catalogue does not list).
 
@@ -62,6 +63,7 @@ from slurm_recovery.decide.detect import (
 from slurm_recovery.decide.joblogs import judge_job_log
 from slurm_recovery.decide.model import Evidence, FaultClass, Incident, IncidentKind, Verdict
 from slurm_recovery.decide.policy import Policy
+from slurm_recovery.decide.silence import KIND as SILENCE_KIND
 from slurm_recovery.scheduler.base import Job, Node
 from slurm_recovery.signals.xid import XidCatalogue, is_knock_on, xid_code
 
@@ -83,6 +85,7 @@ UNNAMED_NODE_LOG = 0.5  # a hardware/system log line that names no node of the j
 STRAGGLER_SLOWDOWN = 0.7  # a straggler's node with a throttling / link-downgrade finding
 STRAGGLER_LAG = 0.6  # a straggler's node whose rank's own step time lags the others'
 HEALTH_CHECK = 0.7  # the site's health check (NHC) drained the node, or failed it at job start
+SIDECAR_SILENT = 0.5  # the node's sidecar sent nothing past the grace while it ran the job
 
 #: Slurm job states meaning Slurm itself lost a node of the job.
 NODE_LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
@@ -341,6 +344,13 @@ def _finding(
             return None
         text = f"the site's health check failed on {ev.node} at the job's start ({failed})"
         return _Finding(FaultClass.SYSTEM, False, HEALTH_CHECK, text, ev.id, ev.node)
+    if ev.kind == SILENCE_KIND:
+        if not on_node:
+            return None
+        silent = ev.payload.get("silent_for")
+        quiet = f" for {silent:.0f}s" if isinstance(silent, int | float) else ""
+        text = f"{ev.node}'s sidecar sent nothing{quiet} while it ran the job"
+        return _Finding(FaultClass.SYSTEM, False, SIDECAR_SILENT, text, ev.id, ev.node)
     if ev.kind == "node_state":
         if not on_node:
             return None

@@ -3,15 +3,14 @@ into evidence and delivers it to the controller.
 
 Three threads. The fast loop (every ``sidecar.fast_interval``) polls the fast sources (kernel
 log XIDs, injected XIDs, the hook spool, job logs and progress files) and sends a
-``sidecar_status`` event every minute; the slow loop (every ``sidecar.poll_interval``) polls
-the GPU backend and InfiniBand, so a hung NVML call never delays an XID; the sender drains the
-outbox. Each finding is appended
-to the on-disk outbox (then, and only then, its source may forget it) and the sender is woken
-at once. After each slow poll, and whenever the set changes, ``<spool_dir>/health.json``
-lists the open fatal GPU conditions for the prolog health gate. A source's failure is logged
-and reported in a status event; it never stops the daemon. SIGTERM: finish the request in
-flight, deliver what the controller will take within a few seconds, exit 0.
-"""
+``sidecar_status`` event every ``sidecar.status_interval`` (a minute); the slow loop (every
+``sidecar.poll_interval``) polls the GPU backend and InfiniBand, so a hung NVML call never
+delays an XID; the sender drains the outbox. Each finding is appended to the on-disk outbox
+(then, and only then, its source may forget it) and the sender is woken at once. After each slow
+poll, and whenever the set changes, ``<spool_dir>/health.json`` lists the open fatal GPU
+conditions for the prolog health gate. A source's failure is logged and reported in a status
+event; it never stops the daemon. SIGTERM: finish the request in flight, deliver what the
+controller will take within a few seconds, exit 0."""
 
 from __future__ import annotations
 
@@ -531,6 +530,7 @@ def main(config_path: Path | None, node: str | None, once: bool, insecure_no_aut
         spool_dir,
         fast_interval=side.fast_interval,
         poll_interval=side.poll_interval,
+        status_interval=side.status_interval,
         catalogue=_load_catalogue(),
         boot_id=read_boot_id(),
     )

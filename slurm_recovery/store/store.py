@@ -761,6 +761,19 @@ class Store:
             for row in rows
         ]
 
+    def latest_by_node(self, kind: str, *, since: float | None = None) -> dict[str, float]:
+        """node -> when its latest evidence of ``kind`` was observed (``since``: only evidence
+        observed then or later). One pass over an index (``evidence_by_kind_node``)."""
+        clauses, args = ["kind = ?", "node IS NOT NULL"], [check_text(kind, "kind")]
+        _time_range("observed_at", since, None, clauses, args)
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                f"SELECT node, MAX(observed_at) FROM evidence WHERE {' AND '.join(clauses)} "
+                "GROUP BY node",
+                args,
+            ).fetchall()
+        return {node: float(when) for node, when in rows}
+
     def evidence_by_kinds(
         self,
         kinds: Iterable[str],

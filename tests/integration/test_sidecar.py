@@ -19,6 +19,7 @@ import pytest
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.contract.spool import HookSpool
 from slurm_recovery.contract.wire import event_to_json
+from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from slurm_recovery.store import Store
 from tests.conftest import _free_port_block, wait_for
 
@@ -91,14 +92,42 @@ class Sidecar:
 
 
 @pytest.fixture
+def scheduler(local_cluster) -> ScontrolScheduler:
+    return ScontrolScheduler(timeout=10, slurm_conf=str(local_cluster.slurm_conf))
+
+
+@pytest.fixture
 def stack(local_cluster) -> Iterator[tuple[Controller, Sidecar, Callable[..., None]]]:
     """A controller (monitor mode) and n2's sidecar with 8 simulated GPUs, and ``sim(...)``,
     which runs ``srecovery sim inject --node n2 ...``."""
+    yield from _stack(local_cluster)
+
+
+#: the sidecar's status period and the controller's grace for a silent node, in quick_stack
+PERIOD, GRACE = 1.0, 2.5
+
+
+@pytest.fixture
+def quick_stack(local_cluster) -> Iterator[tuple[Controller, Sidecar, Callable[..., None]]]:
+    """The same, with a sidecar status every PERIOD and a node silent past GRACE a finding."""
+    yield from _stack(
+        local_cluster,
+        controller=f"missing_report_grace = {GRACE}\n",
+        sidecar=f"status_interval = {PERIOD}\n",
+    )
+
+
+def _stack(
+    local_cluster, controller: str = "", sidecar: str = ""
+) -> Iterator[tuple[Controller, Sidecar, Callable[..., None]]]:
     base = Path(tempfile.mkdtemp(prefix="srecovery-sidecar-"))
     base.chmod(0o755)
     port = _free_port_block(1, start=local_cluster.port_base + 600)
     devstack.write_policy(base / "policy.toml", "monitor")
     config = devstack.write_config(base, local_cluster, port)
+    text = config.read_text()
+    text = text.replace("[controller]\n", "[controller]\n" + controller, 1)
+    config.write_text(text.replace("[sidecar]\n", "[sidecar]\n" + sidecar, 1))
     controller = Controller(base, config, f"http://127.0.0.1:{port}")
     controller.start()
     sidecar = Sidecar(config, base / "sidecar.log")
@@ -217,3 +246,44 @@ def test_a_restarted_sidecar_resends_no_xid(stack):
     health = json.loads((controller.base / "spool" / NODE / "health.json").read_text())
     assert ("xid", 2) in [(f["check"], f["gpu"]) for f in health["fatal"]]
     assert sidecar.stop() == 0, sidecar.text()
+
+
+def test_a_node_whose_sidecar_is_killed_while_it_runs_a_job_is_a_finding_within_three_periods(
+    quick_stack, submit, scheduler
+):
+    """n2 runs a job; its sidecar is SIGKILLed. Within 3 status periods of the kill the
+    controller stores one sidecar_silent finding about n2 naming the job (long before Slurm's
+    SlurmdTimeout), and nothing else happens: no incident, no drain, the job runs on. The
+    sidecar back, the node is heard again; killed again, it is a second finding."""
+    controller, sidecar, _ = quick_stack
+    job = submit("-w", NODE, "--wrap=sleep 300")
+    wait_for(lambda: scheduler.get_job(job).state == "RUNNING", timeout=30)
+    sidecar.start()
+    wait_for(lambda: started(controller), timeout=30)
+    time.sleep(2 * PERIOD)  # a status or two on the record
+    assert sidecar.proc is not None
+    sidecar.proc.kill()
+    killed = time.time()
+    sidecar.proc.wait(10)
+
+    (silent,) = wait_for(lambda: controller.evidence("sidecar_silent"), timeout=3 * PERIOD + 10)
+    noticed = silent.observed_at - killed
+    print(f"silence noticed {noticed:.2f}s after the kill (period {PERIOD}s, grace {GRACE}s)")
+    assert noticed <= 3 * PERIOD + 1.0, noticed  # + one loop pass
+    assert silent.source == "controller" and silent.node == NODE
+    assert silent.payload["jobs"] == [job] and silent.payload["grace"] == GRACE
+    assert silent.payload["silent_for"] > GRACE
+    time.sleep(3 * PERIOD)  # more passes: one finding per silence, and nothing else
+    assert len(controller.evidence("sidecar_silent")) == 1
+    with Store.open(controller.db, readonly=True) as store:
+        assert store.list_incidents(limit=10) == []
+    assert not scheduler.get_node(NODE).drained
+    assert scheduler.get_job(job).state == "RUNNING"
+
+    sidecar.start()
+    wait_for(lambda: started(controller, after=killed), timeout=30)
+    time.sleep(GRACE + 2 * PERIOD)  # heard again: no new finding while it reports
+    assert len(controller.evidence("sidecar_silent")) == 1
+    sidecar.proc.kill()
+    sidecar.proc.wait(10)
+    wait_for(lambda: len(controller.evidence("sidecar_silent")) == 2, timeout=3 * PERIOD + 10)

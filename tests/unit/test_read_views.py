@@ -211,6 +211,20 @@ def test_tool_drain_incident_reads_the_reason():
             {"state": "DOWN", "reason": "Not responding"},
             "Slurm showed n4",
         ),
+        (
+            "sidecar_silent",
+            "n2",
+            None,
+            {"last_report": 100.0, "silent_for": 151.2, "grace": 150.0, "jobs": [7, 9]},
+            "n2's sidecar sent nothing for 151s while it ran jobs 7, 9",
+        ),
+        (
+            "sidecar_silent",
+            "n2",
+            None,
+            {"silent_for": "x", "jobs": "bad"},
+            "n2's sidecar sent nothing",
+        ),
     ],
 )
 def test_describe_evidence(kind, node, gpu, payload, words):
