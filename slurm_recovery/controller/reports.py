@@ -3,8 +3,9 @@
 The ingest (``service``) notes every batch a sidecar delivers (:meth:`LastReports.heard`); the
 loop reads the table each pass and records a ``sidecar_silent`` finding for each node that runs
 a job and has been quiet past ``controller.missing_report_grace`` (:func:`record_silences`,
-the rule in ``decide.silence``). A restarted controller starts from the store's latest status
-of each node, so a sidecar that died while the controller was down is still noticed.
+the rule in ``decide.silence``). A restarted controller takes the nodes whose sidecars reported
+in the last day from the store, as heard at its start, so a sidecar that died while the
+controller was down is still noticed, and one alive is not flagged for the outage.
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ class LastReports:
         self._lock = threading.Lock()
 
     def seed(self, store: Store, now: float) -> None:
-        """Start from the latest status each node stored in the last day."""
+        """The nodes whose sidecars stored a status in the last day, as heard from ``now``
+        (the controller's start): their silence is counted from it, not from their last
+        status. After an outage longer than the grace, every sidecar still alive delivers its
+        queue within seconds of the controller's return; one that died meanwhile says nothing,
+        and is a finding a grace after the start."""
         found = store.latest_by_node(STATUS_KIND, since=max(0.0, now - SEED_HORIZON))
         with self._lock:
-            for node, when in found.items():
-                if when > self._heard.get(node, float("-inf")):
-                    self._heard[node] = min(when, now)
+            for node in found:
+                self._heard.setdefault(node, now)
 
     def heard(self, node: str, when: float) -> None:
         with self._lock:

@@ -124,15 +124,17 @@ def test_the_loop_stores_one_finding_per_silence_and_a_restart_starts_from_the_s
         received_at=1_060.0,
     )
     reports = LastReports()
-    reports.seed(store, now=1_020.0)
-    assert reports.snapshot() == {"n1": 1_010.0, "n2": 1_005.0}
-    reports.heard("n2", 1_100.0)
-    reports.heard("n2", 1_090.0)  # late: never moves the time back
+    # a start long after the last statuses (an outage): heard as of the start, not flagged
+    reports.seed(store, now=1_080.0)
+    assert reports.snapshot() == {"n1": 1_080.0, "n2": 1_080.0}
     recorded: dict[str, float] = {}
     running = [job(5, ("n1", "n2"))]
+    assert record_silences(store, view(1_081.0, running), reports, recorded, GRACE) == []
+    reports.heard("n2", 1_100.0)
+    reports.heard("n2", 1_090.0)  # late: never moves the time back
     stored = record_silences(store, view(1_120.0, running), reports, recorded, GRACE)
     assert [(e.node, e.kind, e.source) for e in stored] == [("n1", KIND, "controller")]
-    assert stored[0].payload["jobs"] == [5] and stored[0].payload["last_report"] == 1_010.0
+    assert stored[0].payload["jobs"] == [5] and stored[0].payload["last_report"] == 1_080.0
     assert record_silences(store, view(1_200.0, running), reports, recorded, GRACE) != []
     assert [
         e.node for e in record_silences(store, view(1_201.0, running), reports, recorded, GRACE)
