@@ -771,7 +771,7 @@ def waiting_without_room(view: ClusterView) -> list[dict[str, Any]]:
     drain since) and drops out when an operator makes room."""
     found = []
     for job in sorted(view.jobs.values(), key=lambda j: j.job_id):
-        if job.state != "PENDING" or job.held or not requeued_by_tool(job.admin_comment):
+        if job.state != "PENDING" or job.held_by_someone or not requeued_by_tool(job.admin_comment):
             continue
         if short := shortfall(job, view.nodes, job.excluded_nodes):
             found.append(

@@ -302,7 +302,7 @@ def _restart(
             )
         )
     if released or watchdog_released_at is not None:
-        if job.held and released:
+        if job.held_by_someone and released:
             changes.append(Change("held", target, "held again after the tool released it"))
             return result(Wait("held by someone else after the tool released it"))
         if ours and not is_done("unmark"):

@@ -135,6 +135,19 @@ class Job:
     def active(self) -> bool:
         return self.state in ACTIVE_JOB_STATES
 
+    @property
+    def held_by_slurm(self) -> bool:
+        """Held by slurmctld itself, not by a person: a pending job its scheduler found it can
+        never run as it stands (reason ``BadConstraints``, priority 0: job_scheduler.c,
+        "non-runnable"). Any update of the job (its exclusions, say) makes Slurm weigh it
+        again; an operator's hold is ``JobHeldAdmin`` or ``JobHeldUser``."""
+        return self.held and self.state == "PENDING" and self.reason == "BadConstraints"
+
+    @property
+    def held_by_someone(self) -> bool:
+        """Held by a user or an operator (``scontrol hold``): a hold the tool leaves alone."""
+        return self.held and not self.held_by_slurm
+
 
 @dataclass(frozen=True)
 class Node:

@@ -84,7 +84,9 @@ def test_a_job_needing_every_node_is_requeued_waiting_and_says_it_needs_an_opera
     assert advice["drain"] == [bad]  # a broken node is drained whatever the job's fate
 
     # the job waits, excluding the node, and the controller shows it as unable to run
-    job = wait_for(lambda: (j := scheduler.get_job(job_id)).state == "PENDING" and not j.held and j)
+    job = wait_for(
+        lambda: (j := scheduler.get_job(job_id)).state == "PENDING" and not j.held_by_someone and j
+    )
     assert bad in job.excluded_nodes and job.restart_count == 1
     text = metrics(stack)
     assert wait_for(lambda: gauge(metrics(stack), "srecovery_jobs_unplaceable") == 1.0)
@@ -96,9 +98,22 @@ def test_a_job_needing_every_node_is_requeued_waiting_and_says_it_needs_an_opera
     assert "Cannot run (needs an operator): 1" in shown and str(job_id) in shown
 
     # an operator repairs and resumes the node: the tool drops its own exclusion of it (the
-    # resume says it is repaired), the job starts, and the listing clears
-    scheduler.resume_node(bad)
-    again = wait_for(lambda: running(scheduler, job_id, restarts=1), timeout=60)
+    # resume says it is repaired), the job starts, and the listing clears. The controller is
+    # paused over the resume, so that Slurm's scheduler first finds the job, still excluding
+    # n2, can never run, and holds it itself (BadConstraints, priority 0): no operator's hold,
+    # and the tool must still act on the resume (it once took it for one and waited for ever,
+    # when Slurm weighed the job between the resume and the tool's next pass: seen on 24.11)
+    os.kill(stack.pid, signal.SIGSTOP)
+    try:
+        scheduler.resume_node(bad)
+        wait_for(lambda: scheduler.get_job(job_id).held_by_slurm, timeout=90)
+    finally:
+        os.kill(stack.pid, signal.SIGCONT)
+    resumed = time.time()
+    # the tool's next pass drops the exclusion; the update makes Slurm weigh the job again
+    # (3 s here; the code before this fix waited until Slurm did so on its own: 21 s, or never)
+    again = wait_for(lambda: running(scheduler, job_id, restarts=1), timeout=15)
+    print(f"started {time.time() - resumed:.1f}s after the controller went on")
     assert bad in again.nodes and bad not in again.excluded_nodes
     steps = [(a.step, a.target) for a in stack.actions() if a.result == "ok"]
     assert ("unexclude", bad) in steps, steps

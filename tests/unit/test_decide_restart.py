@@ -206,6 +206,23 @@ def test_a_resumed_node_that_is_down_or_a_held_job_keeps_the_exclusion():
     assert isinstance(step(held, RELEASED, nodes(drained=())).action, Wait)
 
 
+def test_slurms_own_hold_of_a_job_it_finds_it_can_never_run_is_not_an_operators():
+    """Slurm 24.11: released and excluding n2, a job that needs every node is "non-runnable":
+    slurmctld holds it itself (reason BadConstraints, priority 0). That is no operator's hold:
+    the tool keeps waiting, and drops its exclusion of n2 once n2 is resumed (the update makes
+    Slurm weigh the job again). An operator's hold after the release is left alone."""
+    by_slurm = job("PENDING", 1, held=True, nodes=(), excluded={"n2"}, reason="BadConstraints")
+    assert by_slurm.held_by_slurm and not by_slurm.held_by_someone
+    nxt = step(by_slurm, RELEASED)
+    assert nxt.action == Wait("released: waiting for resources") and nxt.changes == ()
+    nxt = step(by_slurm, RELEASED, nodes(drained=()))
+    assert nxt.action == Step("unexclude", "n2", {"job": 7})
+    by_admin = job("PENDING", 1, held=True, nodes=(), excluded={"n2"}, reason="JobHeldAdmin")
+    assert by_admin.held_by_someone
+    nxt = step(by_admin, RELEASED, nodes(drained=()))
+    assert nxt.action == Wait("held by someone else after the tool released it")
+
+
 def test_only_the_tools_drained_exclusions_are_dropped():
     """A node excluded without a drain (below drain_min_confidence) is idle in Slurm from the
     start: not a repair, so it stays excluded."""

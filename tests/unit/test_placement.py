@@ -211,14 +211,18 @@ def test_the_status_lists_requeued_jobs_that_wait_without_room():
     placeable = job(3, job_id=10, state="PENDING", excluded_nodes=frozenset({"n2"}),
                     admin_comment=note)  # fmt: skip
     running = job(4, job_id=11, state="RUNNING", admin_comment=note)
-    jobs = {j.job_id: j for j in (waiting, theirs, held, placeable, running)}
+    # Slurm 24.11 holds a job it finds it can never run (BadConstraints): still waiting
+    by_slurm = job(4, job_id=12, state="PENDING", held=True, reason="BadConstraints",
+                   excluded_nodes=frozenset({"n2"}), admin_comment=note)  # fmt: skip
+    jobs = {j.job_id: j for j in (waiting, theirs, held, placeable, running, by_slurm)}
     view = ClusterView(now=0.0, jobs=jobs, nodes=nodes(4))
     assert waiting_without_room(view) == [
         {
-            "job_id": 7,
+            "job_id": job_id,
             "incident": 12,
             "reason": "needs operator: job needs 4 nodes, 3 are usable after excluding n2",
         }
+        for job_id in (7, 12)
     ]
     # the operator resumes a node elsewhere in the partition: the list clears
     assert waiting_without_room(ClusterView(now=0.0, jobs=jobs, nodes=nodes(5))) == []
