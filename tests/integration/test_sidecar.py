@@ -112,22 +112,23 @@ def quick_stack(local_cluster) -> Iterator[tuple[Controller, Sidecar, Callable[.
     """The same, with a sidecar status every PERIOD and a node silent past GRACE a finding."""
     yield from _stack(
         local_cluster,
-        controller=f"missing_report_grace = {GRACE}\n",
-        sidecar=f"status_interval = {PERIOD}\n",
+        controller_lines=f"missing_report_grace = {GRACE}\n",
+        sidecar_lines=f"status_interval = {PERIOD}\n",
     )
 
 
 def _stack(
-    local_cluster, controller: str = "", sidecar: str = ""
+    local_cluster, controller_lines: str = "", sidecar_lines: str = ""
 ) -> Iterator[tuple[Controller, Sidecar, Callable[..., None]]]:
+    """A stack whose config.toml has these lines added to [controller] and [sidecar]."""
     base = Path(tempfile.mkdtemp(prefix="srecovery-sidecar-"))
     base.chmod(0o755)
     port = _free_port_block(1, start=local_cluster.port_base + 600)
     devstack.write_policy(base / "policy.toml", "monitor")
     config = devstack.write_config(base, local_cluster, port)
     text = config.read_text()
-    text = text.replace("[controller]\n", "[controller]\n" + controller, 1)
-    config.write_text(text.replace("[sidecar]\n", "[sidecar]\n" + sidecar, 1))
+    text = text.replace("[controller]\n", "[controller]\n" + controller_lines, 1)
+    config.write_text(text.replace("[sidecar]\n", "[sidecar]\n" + sidecar_lines, 1))
     controller = Controller(base, config, f"http://127.0.0.1:{port}")
     controller.start()
     sidecar = Sidecar(config, base / "sidecar.log")
