@@ -989,11 +989,12 @@ class Reconciler:
         if close.milestone == "running_again":
             self.store.add_milestone(incident.id, "released", at=at)  # once
         milestones = self.store.milestones(incident.id)
-        self._close(incident, close.outcome)
+        with self.store.transaction():  # a redo is never lost with its incident closed
+            self._close(incident, close.outcome)
+            if close.redo and job is not None:
+                self._redo(incident, plan, job)
         if close.milestone == "running_again" and self.metrics:
             self.metrics.recovered(milestones)
-        if close.redo and job is not None:
-            self._redo(incident, plan, job)
 
     def _redo(self, incident: Incident, plan: Plan, job: Job) -> None:
         """The job runs again on a node the advice excluded (the watchdog released it before
@@ -1008,6 +1009,25 @@ class Reconciler:
             f"job {job.job_id} runs again on {hostlist.compress(job.nodes)}, which incident "
             f"{incident.id} excluded"
         )
+        found = self.store.find_open_incident(attempt.id)
+        if found is not None:
+            # This pass's detect already saw the same evidence in the new attempt (it arrived
+            # within START_SLACK of the start) and opened its incident: that one restarts the
+            # job; the audit links the two.
+            self.store.append_audit(
+                "controller",
+                "redo",
+                f"job {job.job_id}",
+                {"incident": found.id, "redo_of": incident.id, "summary": summary},
+                ts=now,
+            )
+            log.warning(
+                "incident %d: %s; incident %d, already open, restarts it again",
+                incident.id,
+                summary,
+                found.id,
+            )
+            return
         with self.store.transaction():
             again = self.store.open_incident(
                 attempt.id, str(IncidentKind.DOOMED), opened_at=now, summary=summary

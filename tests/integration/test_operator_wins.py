@@ -158,7 +158,9 @@ def test_a_job_the_watchdog_released_onto_the_bad_node_is_restarted_again(
     with Store.open(stack.db, readonly=True) as store:
         first_incident, second = sorted(store.list_incidents(), key=lambda i: i.id)
         assert "restarting it again" in (first_incident.outcome or "")
-        assert store.latest_advice(second.id).verdict["redo_of"] == first_incident.id
+        # the redo, or this pass's detect when the XID came within seconds of the new start
+        links = [r.payload.get("redo_of") for r in store.audit_about(incidents=[second.id])]
+        assert first_incident.id in links, links
         rows = store.audit_about(incidents=[first_incident.id])
         released = [r for r in rows if r.kind == "watchdog_release"]
         assert released, [r.kind for r in rows]

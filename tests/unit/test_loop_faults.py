@@ -336,3 +336,75 @@ def test_a_slurm_command_that_fails_ends_the_pass_and_says_why(tmp_path: Path):
     assert loop.last_tick is None and loop.passes == 1
     loop.tick()
     assert loop.passes == 2 and slurm.steps == []
+
+
+def test_a_redo_the_same_pass_already_detected_is_linked_not_opened_twice(tmp_path: Path):
+    """The watchdog released the held job onto the bad node within seconds of its XID (the
+    controller killed after ``requeue_hold``): the restarted controller's detect sees the XID
+    in the new attempt (``START_SLACK``) and opens its incident before the old incident's
+    reconcile asks for the redo. Seen once in CI on 26.05 (test_operator_wins): the redo then
+    hit the open incident (ConflictError, the pass failed) and the link was lost. One incident
+    for the new attempt, linked to the old one, and the pass succeeds."""
+    store = Store.open(tmp_path / "state.db")
+    first = job(nodes=("n1", "n2"))
+    slurm = FakeSlurm([first], nodes())
+    clock = [NOW]
+    store.add_evidence([xid(79, node="n2", at=NOW - 0.5)], received_at=NOW - 0.4)
+
+    def kill_after_hold(step: str) -> None:
+        if step == "requeue_hold":
+            raise Killed
+
+    with pytest.raises(Killed):
+        reconciler(store, slurm, clock, after_step=kill_after_hold).tick()
+    # the watchdog released it before the exclusion: running again on n2, 1 s after the XID
+    clock[0] = NOW + 2
+    slurm.jobs[7] = dataclasses.replace(first, restart_count=1, start_time=int(NOW) + 1)
+    loop = reconciler(store, slurm, clock)
+    loop.tick()
+    assert not loop.last_error, loop.last_error
+    second, old = store.list_incidents()  # newest first
+    assert "restarting it again" in (old.outcome or "")
+    links = [r.payload.get("redo_of") for r in store.audit_about(incidents=[second.id])]
+    assert old.id in links, links
+    assert store.latest_advice(second.id).decision == "requeue_exclude"
+    assert "n2" in store.latest_advice(second.id).verdict["exclude"]
+
+
+def test_a_redo_that_cannot_be_written_leaves_the_old_incident_open(tmp_path: Path, monkeypatch):
+    """Closing an incident and opening its redo commit together: a store that fails the redo
+    (disk full) leaves the old incident open, so the next pass redoes it instead of leaving the
+    job on the node its advice excluded with nothing open about it."""
+    store = Store.open(tmp_path / "state.db")
+    first = job(nodes=("n1", "n2"))
+    slurm = FakeSlurm([first], nodes())
+    clock = [NOW]
+    store.add_evidence([xid(79, node="n2", at=NOW - 60)], received_at=NOW - 59)
+
+    def kill_after_hold(step: str) -> None:
+        if step == "requeue_hold":
+            raise Killed
+
+    with pytest.raises(Killed):
+        reconciler(store, slurm, clock, after_step=kill_after_hold).tick()
+    clock[0] = NOW + 30  # released by the watchdog long after the XID: no new detection
+    slurm.jobs[7] = dataclasses.replace(first, restart_count=1, start_time=int(NOW) + 20)
+    loop = reconciler(store, slurm, clock)
+    real_open = store.open_incident
+
+    def full(*args, **kwargs):
+        raise StoreFullError("store x: disk full; write undone")
+
+    monkeypatch.setattr(store, "open_incident", full)
+    loop.tick()
+    assert loop.last_error.startswith("store: ")
+    (old,) = store.list_incidents()
+    assert old.closed_at is None  # not closed without its redo
+
+    monkeypatch.setattr(store, "open_incident", real_open)
+    clock[0] = NOW + 31
+    loop.tick()
+    assert not loop.last_error, loop.last_error
+    again, old = store.list_incidents()
+    assert "restarting it again" in (old.outcome or "")
+    assert store.latest_advice(again.id).verdict["redo_of"] == old.id
