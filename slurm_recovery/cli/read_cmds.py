@@ -492,6 +492,24 @@ def render_node(node: Mapping[str, Any], *, bullet: str = "*") -> list[str]:
         lines.append(f"       Slurm: {', '.join(parts)}")
     else:
         lines.append("       Slurm: not shown (not in Slurm, or the controller has not read it)")
+    sidecar = node.get("sidecar")
+    if sidecar:
+        line = (
+            f"     Sidecar: last report {common.when(sidecar.get('last_report'))}; unchanged "
+            f"since {common.when(sidecar.get('last_change'))} "
+            f"({sidecar.get('reports_since_change')} report(s))"
+        )
+        problems = sidecar.get("problems") or {}
+        line += "; " + (
+            ", ".join(f"{name}: {text}" for name, text in problems.items())
+            if problems
+            else "sources ok"
+        )
+        if sidecar.get("delivery_error"):
+            line += f"; delivery failing: {sidecar['delivery_error']}"
+        lines.append(line)
+    else:
+        lines.append("     Sidecar: no report on record")
     if drain and drain.get("in_force") is not False:
         lines.append(
             f"       Drain: by the tool since {common.when(drain.get('at'))}, incident "

@@ -265,6 +265,7 @@ def nodes_view(
     for record in store.latest_findings(node=only):
         findings.setdefault(record.evidence.node or "", []).append(views.evidence_json(record))
     excluded = excluding_jobs(view)
+    reports = store.node_reports(node=only)
     ordered = hostlist.expand(hostlist.compress(names)) if names else []
     return [
         views.node_item(
@@ -277,6 +278,7 @@ def nodes_view(
             implicated=implicated.get(name, []),
             fatal_times=fatal.get(name, []),
             now=now,
+            report=reports.get(name),
         )
         for name in ordered
     ]

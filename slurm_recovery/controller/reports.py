@@ -1,6 +1,12 @@
-"""When each node's sidecar was last heard from, and the silences the loop records.
+"""When each node's sidecar was last heard from, what it said, and the silences the loop records.
 
-The ingest (``service``) notes every batch a sidecar delivers (:meth:`LastReports.heard`); the
+A sidecar's periodic ``sidecar_status`` is state, not an event: the ingest keeps each node's
+latest in the store's ``node_reports`` (one row per node, replaced in place) and stores a status
+as evidence only when its :func:`status_condition` changed (the first report, a source that
+fails or recovers, drops, a restarted or upgraded sidecar, a GPU lost), so a quiet cluster's
+store does not grow with nodes x time (docs/performance.md).
+
+The ingest also notes every batch a sidecar delivers (:meth:`LastReports.heard`); the
 loop reads the table each pass and records a ``sidecar_silent`` finding for each node that runs
 a job and has been quiet past ``controller.missing_report_grace`` (:func:`record_silences`,
 the rule in ``decide.silence``). A restarted controller takes the nodes whose sidecars reported
@@ -11,7 +17,10 @@ controller was down is still noticed, and one alive is not flagged for the outag
 from __future__ import annotations
 
 import logging
+import re
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.silence import KIND, SOURCE, jobs_by_node, new_silences
@@ -23,6 +32,49 @@ log = logging.getLogger(__name__)
 STATUS_KIND = "sidecar_status"
 #: How far back the store is read at start (older reports say nothing of a sidecar now).
 SEED_HORIZON = 86400.0
+#: Per-GPU readings that say what a GPU is, not how busy or warm it is this minute.
+GPU_CONDITION_KEYS = ("lost", "conditions")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def source_condition(text: object) -> str:
+    """A source's status line as a condition: "ok" for any line that starts so (its counts,
+    "ok, following 3 job(s)", are readings), else the problem with its numbers blanked
+    ("degraded: nvmlDeviceGetCount has not returned for N s")."""
+    line = str(text)
+    if line == "ok" or line.startswith("ok,"):
+        return "ok"
+    return _NUMBER.sub("N", line)
+
+
+def status_condition(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """What a ``sidecar_status`` is judged on for change: which sidecar (version, start), its
+    losses (drops, dead letters, bad spool files), each source ok or what is wrong, the open
+    fatal conditions, whether delivery fails, and which GPUs it sees (lost or with open
+    conditions). Not the readings that move every minute: queue length, delivered counts,
+    temperatures, power, utilization, memory."""
+    delivery = payload.get("delivery")
+    last_error = delivery.get("last_error") if isinstance(delivery, Mapping) else ""
+    sources = payload.get("sources")
+    gpus = payload.get("gpus")
+    condition: dict[str, Any] = {
+        key: payload.get(key)
+        for key in ("version", "started_at", "dropped", "dead_lettered", "spool_bad", "fatal")
+    }
+    condition["sources"] = (
+        {str(name): source_condition(text) for name, text in sources.items()}
+        if isinstance(sources, Mapping)
+        else None
+    )
+    condition["delivery_failing"] = bool(last_error)
+    if isinstance(gpus, Mapping):
+        condition["gpus"] = {
+            str(index): {k: v for k, v in readings.items() if k in GPU_CONDITION_KEYS}
+            if isinstance(readings, Mapping)
+            else None
+            for index, readings in gpus.items()
+        }
+    return condition
 
 
 class LastReports:
@@ -34,12 +86,16 @@ class LastReports:
         self._lock = threading.Lock()
 
     def seed(self, store: Store, now: float) -> None:
-        """The nodes whose sidecars stored a status in the last day, as heard from ``now``
+        """The nodes whose sidecars reported in the last day, as heard from ``now``
         (the controller's start): their silence is counted from it, not from their last
         status. After an outage longer than the grace, every sidecar still alive delivers its
         queue within seconds of the controller's return; one that died meanwhile says nothing,
         and is a finding a grace after the start."""
-        found = store.latest_by_node(STATUS_KIND, since=max(0.0, now - SEED_HORIZON))
+        since = max(0.0, now - SEED_HORIZON)
+        # node_reports; and the status events of a store written before it (schema 5)
+        found = set(store.node_reports(since=since)) | set(
+            store.latest_by_node(STATUS_KIND, since=since)
+        )
         with self._lock:
             for node in found:
                 self._heard.setdefault(node, now)

@@ -33,7 +33,7 @@ from slurm_recovery.controller.checkpointer import Checkpointer
 from slurm_recovery.controller.loop import Reconciler, StepDone
 from slurm_recovery.controller.metrics import Metrics, ReadAtScrape
 from slurm_recovery.controller.nodelisting import NodeListing
-from slurm_recovery.controller.reports import LastReports
+from slurm_recovery.controller.reports import STATUS_KIND, LastReports, status_condition
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import load_policy
 from slurm_recovery.scheduler import Node, Scheduler, SchedulerError, Unreachable, open_scheduler
@@ -492,6 +492,19 @@ class Controller:
     def _store_evidence(
         self, store: Store, principal: requests.Principal, evidence: list[Evidence]
     ) -> list[int]:
+        """Store the request's evidence; a sidecar's status updates its node's report and is
+        stored as evidence only when its condition changed (controller.reports)."""
+        if principal.role == "sidecar":
+            heard = time.time()
+            evidence = [
+                e
+                for e in evidence
+                if e.kind != STATUS_KIND
+                or e.node is None
+                or store.note_status(e, status_condition(e.payload), heard)
+            ]
+        if not evidence:
+            return []
         ids = store.add_evidence(evidence)
         if principal.role == "operator":
             for evidence_id, e in zip(ids, evidence, strict=True):

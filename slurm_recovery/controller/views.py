@@ -19,7 +19,15 @@ from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.model import Evidence as CoreEvidence
 from slurm_recovery.decide.placement import shortfall
 from slurm_recovery.holdmark import requeue_incident, requeued_by_tool
-from slurm_recovery.store import Advice, AuditRow, EvidenceRecord, Incident, NodeState, Store
+from slurm_recovery.store import (
+    Advice,
+    AuditRow,
+    EvidenceRecord,
+    Incident,
+    NodeReport,
+    NodeState,
+    Store,
+)
 from slurm_recovery.store.store import MILESTONE_ORDER
 
 # --------------------------------------------------------------------------- plain values
@@ -677,11 +685,13 @@ def node_item(
     implicated: Sequence[tuple[int, float, float]],
     fatal_times: Sequence[float],
     now: float,
+    report: NodeReport | None = None,
 ) -> dict[str, Any]:
     """One node as ``/v1/nodes`` shows it: Slurm's view (``slurm``: a scheduler ``Node`` or
-    None), the tool's record, open findings, drains by the tool (``{at, incident, reason,
-    action_id}``, oldest first), jobs excluding it, the incidents that implicated it in the
-    lemon window (``(incident id, when, confidence)``) and its lemon score. Pure."""
+    None), the tool's record, its sidecar's last report, open findings, drains by the tool
+    (``{at, incident, reason, action_id}``, oldest first), jobs excluding it, the incidents
+    that implicated it in the lemon window (``(incident id, when, confidence)``) and its lemon
+    score. Pure."""
     base = (
         node_json(state)
         if state is not None
@@ -726,6 +736,7 @@ def node_item(
     return {
         **base,
         "slurm": shown,
+        "sidecar": sidecar_json(report, now) if report is not None else None,
         "drain": drain,
         "drains": list(drains),
         "excluded_by": sorted(excluded_by),
@@ -737,6 +748,26 @@ def node_item(
             "recent_ids": recent_ids,
         },
         "lemon": lemon,
+    }
+
+
+def sidecar_json(report: NodeReport, now: float) -> dict[str, Any]:
+    """A node's sidecar as last heard: when, since when its condition is unchanged (and over
+    how many reports), its version, and each source that is not ok. Pure."""
+    sources = report.condition.get("sources") or {}
+    return {
+        "last_report": iso(report.heard_at),
+        "silent_for": round(max(0.0, now - report.heard_at), 1),
+        "last_change": iso(report.changed_at),
+        "reports_since_change": report.reports,
+        "version": report.payload.get("version"),
+        "problems": {
+            name: report.payload.get("sources", {}).get(name, text)
+            for name, text in sorted(sources.items())
+            if text != "ok"
+        },
+        "dropped": report.payload.get("dropped", 0),
+        "delivery_error": (report.payload.get("delivery") or {}).get("last_error", ""),
     }
 
 

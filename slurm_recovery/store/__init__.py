@@ -33,6 +33,7 @@ from .records import (
     EvidenceRecord,
     Incident,
     ModeOverride,
+    NodeReport,
     NodeState,
 )
 from .schema import LATEST_VERSION, MIGRATIONS, Migration, migrate
@@ -61,6 +62,7 @@ __all__ = [
     "JobAttempt",
     "Migration",
     "ModeOverride",
+    "NodeReport",
     "NodeState",
     "NotAStoreError",
     "SchemaVersionError",

@@ -212,6 +212,21 @@ class NodeState:
         )
 
 
+@dataclass(frozen=True)
+class NodeReport:
+    """A node's sidecar as last heard: when (the controller's clock), the status it sent (the
+    sidecar's clock: ``observed_at``), how many reports since its condition last changed, and
+    when that was. The state behind ``sidecar_status``: only a change is stored as evidence."""
+
+    node: str
+    heard_at: float
+    observed_at: float
+    changed_at: float
+    reports: int
+    condition: dict[str, Any]
+    payload: dict[str, Any]
+
+
 #: The modes an override may set (the policy's ``mode`` values).
 OVERRIDE_MODES = ("monitor", "act")
 
@@ -256,5 +271,6 @@ __all__ = [
     "EvidenceRecord",
     "Incident",
     "ModeOverride",
+    "NodeReport",
     "NodeState",
 ]

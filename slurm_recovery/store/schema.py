@@ -185,7 +185,26 @@ _V5 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
+_V6 = Migration(
+    6,
+    "each node's latest sidecar status, kept as state (a status is an event only when it changes)",
+    (
+        # One row per node, replaced in place by every report: a quiet cluster's store does
+        # not grow with nodes x time. ``condition`` is what a change is judged on
+        # (controller.reports.status_condition); ``payload`` is the last status in full.
+        """CREATE TABLE node_reports (
+            node        TEXT    PRIMARY KEY,
+            heard_at    REAL    NOT NULL,
+            observed_at REAL    NOT NULL,
+            changed_at  REAL    NOT NULL,
+            reports     INTEGER NOT NULL CHECK (reports >= 1),
+            condition   TEXT    NOT NULL,
+            payload     TEXT    NOT NULL
+        ) WITHOUT ROWID""",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 LATEST_VERSION = MIGRATIONS[-1].version
 
 

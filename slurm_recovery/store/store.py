@@ -44,6 +44,7 @@ from .records import (
     EvidenceRecord,
     Incident,
     ModeOverride,
+    NodeReport,
     NodeState,
 )
 from .schema import LATEST_VERSION, check_compatible, migrate, schema_version
@@ -760,6 +761,64 @@ class Store:
             )
             for row in rows
         ]
+
+    # ------------------------------------------------------------ sidecar status as state
+
+    def note_status(self, status: Evidence, condition: Mapping[str, Any], heard_at: float) -> bool:
+        """Make ``status`` (a node's ``sidecar_status``) that node's current report. Returns
+        True when it is news: the node's first report, or its ``condition`` differs from the
+        last one's (the caller then stores it as evidence too). A status older than the one
+        held (a backlog delivered out of order) changes nothing and is not news."""
+        if status.node is None:
+            raise ValueError("a status names its node")
+        condition_json = check_payload(condition, "condition")
+        heard = check_time(heard_at, "heard_at")
+        with self._tx(write=True) as conn:
+            row = conn.execute(
+                "SELECT observed_at, condition FROM node_reports WHERE node = ?", (status.node,)
+            ).fetchone()
+            if row is not None and status.observed_at < row[0]:
+                return False
+            changed = row is None or row[1] != condition_json
+            if changed:
+                conn.execute(
+                    "INSERT OR REPLACE INTO node_reports (node, heard_at, observed_at, "
+                    "changed_at, reports, condition, payload) VALUES (?, ?, ?, ?, 1, ?, ?)",
+                    (
+                        status.node,
+                        heard,
+                        status.observed_at,
+                        heard,
+                        condition_json,
+                        status.payload_json,
+                    ),
+                )
+            else:
+                conn.execute(
+                    "UPDATE node_reports SET heard_at = ?, observed_at = ?, reports = reports + 1,"
+                    " payload = ? WHERE node = ?",
+                    (heard, status.observed_at, status.payload_json, status.node),
+                )
+        return changed
+
+    def node_reports(
+        self, *, node: str | None = None, since: float | None = None
+    ) -> dict[str, NodeReport]:
+        """node -> its sidecar's latest report (``since``: heard then or later)."""
+        clauses: list[str] = []
+        args: list[Any] = []
+        if node is not None:
+            clauses.append("node = ?")
+            args.append(check_text(node, "node"))
+        _time_range("heard_at", since, None, clauses, args)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                "SELECT node, heard_at, observed_at, changed_at, reports, condition, payload "
+                f"FROM node_reports {where} ORDER BY node",
+                args,
+            ).fetchall()
+        return {row[0]: NodeReport(*row[:5], _loads(row[5]), _loads(row[6])) for row in rows}
 
     def latest_by_node(self, kind: str, *, since: float | None = None) -> dict[str, float]:
         """node -> when its latest evidence of ``kind`` was observed (``since``: only evidence

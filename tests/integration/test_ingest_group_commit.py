@@ -27,7 +27,7 @@ def test_concurrent_requests_are_stored_together_and_refused_alone(stacks, local
         body = json.dumps(
             {
                 "events": [
-                    event_to_json("sidecar_status", time.time(), node=node, payload={"queued": i})
+                    event_to_json("test_event", time.time(), node=node, payload={"queued": i})
                 ]
             }
         ).encode()

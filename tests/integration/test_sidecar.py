@@ -288,3 +288,32 @@ def test_a_node_whose_sidecar_is_killed_while_it_runs_a_job_is_a_finding_within_
     sidecar.proc.kill()
     sidecar.proc.wait(10)
     wait_for(lambda: len(controller.evidence("sidecar_silent")) == 2, timeout=3 * PERIOD + 10)
+
+
+def test_a_quiet_sidecars_status_is_state_not_a_growing_history(quick_stack):
+    """Issue 29, item 1: a sidecar reporting every PERIOD with nothing changing updates its
+    node's report in place; the evidence holds its first status (and the one with its GPU
+    readings after the first poll), not one per period. ``srecovery nodes`` shows the last
+    report and the last change."""
+    controller, sidecar, _ = quick_stack
+    sidecar.start()
+    wait_for(lambda: started(controller), timeout=30)
+    time.sleep(3 * PERIOD)
+    stored = len(controller.evidence("sidecar_status"))
+    assert 1 <= stored <= 2, controller.evidence("sidecar_status")
+    time.sleep(5 * PERIOD)
+    with Store.open(controller.db, readonly=True) as store:
+        report = store.node_reports()[NODE]
+    assert len(controller.evidence("sidecar_status")) == stored  # nothing new to say
+    assert report.reports >= 5 and report.heard_at > report.changed_at
+    assert time.time() - report.heard_at < 2 * PERIOD + 1
+    out = subprocess.run(
+        [sys.executable, "-m", "slurm_recovery.cli", "--config", str(controller.config)]
+        + ["nodes", NODE],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.strip().startswith("Sidecar:"))
+    assert "last report" in line and "unchanged since" in line, line
