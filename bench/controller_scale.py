@@ -662,7 +662,9 @@ def run_load(
         "window_s": wall,
         "slurm_rpcs_per_s": rpc_rates(rpcs0, rpcs1, wall),
         "db_bytes_per_event": grown / events if events else None,
-        "db_bytes_per_day": (grown / events) * offered * 86400 if events else None,
+        # the store's growth over the window, at this load for a day (a sidecar status is
+        # stored only when it changes: growth follows stored events, not requests)
+        "db_bytes_per_day": grown / wall * 86400,
         "db_bytes_at_end": db1[0],
     }
     if decide:

@@ -44,6 +44,10 @@ from slurm_recovery.store.store import ROUTINE_EVIDENCE
 log = logging.getLogger("srecovery.controller")
 T = TypeVar("T")
 
+#: One evidence request as stored: the evidence ids, whether any of it wakes the loop, and how
+#: many events it held (a sidecar status that changed nothing is accepted but not stored).
+Ingested = tuple[list[int], bool, int]
+
 #: Role assumed for every request when authentication is off (development only).
 INSECURE_ROLE_HEADER = "X-SRecovery-Role"
 
@@ -375,7 +379,7 @@ class Controller:
             )
         body = await request.read()
         try:
-            ids, urgent = await self._ingest_grouped(request, body)
+            ids, urgent, accepted = await self._ingest_grouped(request, body)
         except requests.AuthError as err:
             return self._refuse(err)
         except WireError as err:
@@ -387,20 +391,21 @@ class Controller:
             return web.json_response(
                 {"error": f"not stored: {err}"}, status=503, headers={"Retry-After": "5"}
             )
-        self.metrics.ingest_events.inc(len(ids))
+        self.metrics.ingest_events.inc(accepted)
         self.metrics.ingest_latency.observe(time.monotonic() - started)
         if urgent:
             self._wake.set()
-        return web.json_response({"accepted": len(ids), "ids": ids}, status=202)
+        # accepted: every event; ids: those stored as evidence (an unchanged status is not)
+        return web.json_response({"accepted": accepted, "ids": ids}, status=202)
 
-    async def _ingest_grouped(self, request: web.Request, body: bytes) -> tuple[list[int], bool]:
+    async def _ingest_grouped(self, request: web.Request, body: bytes) -> Ingested:
         """Group commit: the requests that arrive while one transaction is being committed
         are stored together in the next one, so one fsync covers them all (a durable commit
         costs milliseconds on most disks, which would cap ingest at a few hundred requests a
         second). Each request is still checked on its own and answered only once its rows are
         on disk; one refused request never affects the others. Returns the evidence ids, and
-        whether any of it is urgent (not in ROUTINE_KINDS)."""
-        done: asyncio.Future[tuple[list[int], bool]] = asyncio.get_running_loop().create_future()
+        whether any of it is urgent (not in ROUTINE_KINDS), and how many events it held."""
+        done: asyncio.Future[Ingested] = asyncio.get_running_loop().create_future()
         self._ingest_queue.append((request, body, done))
         if not self._ingest_flushing:
             self._ingest_flushing = True
@@ -427,9 +432,7 @@ class Controller:
         finally:
             self._ingest_flushing = False
 
-    def _ingest_many(
-        self, items: list[tuple[web.Request, bytes]]
-    ) -> list[tuple[list[int], bool] | Exception]:
+    def _ingest_many(self, items: list[tuple[web.Request, bytes]]) -> list[Ingested | Exception]:
         """Check each request, then store the accepted ones in one transaction (each in its own
         savepoint); per request, its evidence ids or the exception that refused it."""
         checked: list[tuple[requests.Principal, list[Evidence]] | Exception] = []
@@ -441,7 +444,7 @@ class Controller:
         if all(isinstance(c, Exception) for c in checked):
             return checked  # type: ignore[return-value]
         store = self.ingest.store()
-        results: list[tuple[list[int], bool] | Exception] = []
+        results: list[Ingested | Exception] = []
         with store.transaction():
             for item in checked:
                 if isinstance(item, Exception):
@@ -451,7 +454,7 @@ class Controller:
                     with store.transaction():
                         ids = self._store_evidence(store, *item)
                     urgent = any(wakes_the_loop(e) for e in item[1])
-                    results.append((ids, urgent))
+                    results.append((ids, urgent, len(item[1])))
                     if item[0].role == "sidecar" and item[0].node:
                         self.reports.heard(item[0].node, time.time())
                 except StoreError as exc:
