@@ -907,7 +907,7 @@ def print_table(report: dict[str, Any]) -> None:
             f"{r['controller_rss_mb']:>7.0f} {r['munged_cpu_cores']:>6.2f} "
             f"{r['generator_cpu_cores']:>5.2f} {r['slurmctld_cpu_cores']:>5.2f} "
             f"{sum(r['slurm_rpcs_per_s'].values()):>5.1f} "
-            f"{bpe if bpe is None else round(bpe):>6} "
+            f"{'-' if bpe is None else round(bpe):>6} "
             f"{'-' if per_day is None else f'{per_day / 1e9:.1f}':>7} {bad:>7} "
             f"{r['loadavg_start'][0]:>4.1f}-{r['loadavg_end'][0]:<4.1f}"
         )
@@ -1096,9 +1096,10 @@ def main() -> int:
                 subprocess.run(["scancel", "--quiet", "-u", "root"], env=stack.env(), timeout=10)
             stack.down()
     report["decide_by_nodes"] = [decide_at(n, args, prefix) for n in args.decide_nodes]
+    if args.json:  # first: the figures are kept whatever the table makes of them
+        write_json(args.json, "controller_scale", report, args.quick)
     print_table(report)
     if args.json:
-        write_json(args.json, "controller_scale", report, args.quick)
         print(f"wrote {args.json}")
     return 0
 

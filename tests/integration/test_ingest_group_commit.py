@@ -25,11 +25,7 @@ def test_concurrent_requests_are_stored_together_and_refused_alone(stacks, local
     for i in range(120):
         node = f"n{1 + i % 4}"
         body = json.dumps(
-            {
-                "events": [
-                    event_to_json("test_event", time.time(), node=node, payload={"queued": i})
-                ]
-            }
+            {"events": [event_to_json("test_event", time.time(), node=node, payload={"queued": i})]}
         ).encode()
         headers = requests.sign(
             "POST", "/v1/evidence", body, role="sidecar", node=node, socket=sock

@@ -308,8 +308,15 @@ def test_a_quiet_sidecars_status_is_state_not_a_growing_history(quick_stack):
     assert report.reports >= 5 and report.heard_at > report.changed_at
     assert time.time() - report.heard_at < 2 * PERIOD + 1
     out = subprocess.run(
-        [sys.executable, "-m", "slurm_recovery.cli", "--config", str(controller.config)]
-        + ["nodes", NODE],
+        [
+            sys.executable,
+            "-m",
+            "slurm_recovery.cli",
+            "--config",
+            str(controller.config),
+            "nodes",
+            NODE,
+        ],
         capture_output=True,
         text=True,
         timeout=30,
