@@ -485,6 +485,18 @@ class AuthConfig(_Section):
         UserName,
         msgspec.Meta(description="The SlurmUser (as in slurm.conf), who may act as an operator."),
     ] = UserName.check("slurm")
+    sessions: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Sidecars open a session with one MUNGE credential and sign their "
+            "reports with its key, bound to their address (the controller offers them, the "
+            "sidecars use them); false: every request carries its own MUNGE credential."
+        ),
+    ] = True
+    session_ttl: Annotated[
+        PositiveDuration,
+        msgspec.Meta(description="How long a sidecar's session lasts before it opens another."),
+    ] = PositiveDuration.check(3600)
 
 
 class WatchdogConfig(_Section):

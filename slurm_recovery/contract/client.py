@@ -1,19 +1,33 @@
 """A small synchronous client of the controller's API, signing each request with MUNGE.
 
-Used by ``srecovery`` (and, later, the sidecars and hooks). Standard library HTTP: one
-request at a time is all a CLI needs.
+Used by ``srecovery``, the hooks and the sidecars. Standard library HTTP: one request at a
+time is all a CLI needs. A sidecar's client (``sessions=True``) opens a session with one MUNGE
+credential and signs its reports with the session's key (``contract.sessions``); it opens a
+new one when the controller forgets it, and signs each request with MUNGE again when the
+controller offers no sessions.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import ssl
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from slurm_recovery.contract import munge, requests
+from slurm_recovery.contract import munge, requests, sessions
+
+log = logging.getLogger(__name__)
+
+#: After the controller said it offers no sessions (404), ask again this much later.
+NO_SESSIONS_RETRY = 600.0
+#: A session is renewed this long before the controller's expiry.
+RENEW_MARGIN = 60.0
 
 
 class ClientError(Exception):
@@ -25,6 +39,14 @@ class ClientError(Exception):
         self.reason = reason
 
 
+@dataclass
+class _Session:
+    id: str
+    key: bytes
+    expires_at: float  # by this host's clock
+    counter: int = 0
+
+
 class ControllerClient:
     def __init__(
         self,
@@ -34,16 +56,22 @@ class ControllerClient:
         insecure: bool = False,
         timeout: float = 10.0,
         ca_file: str | None = None,
+        sessions: bool = False,
     ) -> None:
         """``insecure``: send no MUNGE credential (a controller started with
         --insecure-no-auth). ``ca_file``: the CAs trusted for an https:// ``url`` (None: the
-        system's); the certificate and the host name are always verified."""
+        system's); the certificate and the host name are always verified. ``sessions``: sign a
+        sidecar's requests in a session (one MUNGE credential per session, not per request)."""
         self.url = url.rstrip("/")
         self.munge_socket = munge_socket or None
         self.insecure = insecure
         self.timeout = timeout
         self.ca_file = ca_file or None
+        self.sessions = sessions and not insecure
         self._tls: ssl.SSLContext | None = None
+        self._session: _Session | None = None
+        self._no_sessions_until = 0.0
+        self._session_lock = threading.Lock()
 
     def tls_context(self) -> ssl.SSLContext | None:
         if not self.url.startswith("https://"):
@@ -66,15 +94,95 @@ class ControllerClient:
         role: str = "reader",
         node: str | None = None,
     ) -> Any:
+        if self.sessions and role == "sidecar" and node:
+            session = self._session_for(node)
+            if session is not None:
+                try:
+                    return self._send(
+                        method, path, body, self._signed_in(session, method, path, body)
+                    )
+                except ClientError as exc:
+                    if exc.status != 401 or not exc.reason.startswith(sessions.REFUSAL):
+                        raise
+                    log.info("controller refused the session (%s): opening a new one", exc.reason)
+                    self._forget(session)
+                session = self._session_for(node)
+                if session is not None:  # once more, in a new session
+                    return self._send(
+                        method, path, body, self._signed_in(session, method, path, body)
+                    )
+        return self._send(method, path, body, self._munge_headers(method, path, body, role, node))
+
+    def _munge_headers(
+        self, method: str, path: str, body: bytes, role: str, node: str | None
+    ) -> dict[str, str]:
         if self.insecure:
-            headers = {"X-SRecovery-Role": role}
-        else:
-            try:
-                headers = requests.sign(
-                    method, path, body, role=role, node=node, socket=self.munge_socket
+            return {"X-SRecovery-Role": role}
+        try:
+            return requests.sign(method, path, body, role=role, node=node, socket=self.munge_socket)
+        except munge.MungeError as exc:
+            raise ClientError(0, f"cannot sign the request with MUNGE: {exc}") from exc
+
+    def _signed_in(self, session: _Session, method: str, path: str, body: bytes) -> dict[str, str]:
+        with self._session_lock:
+            session.counter += 1
+            counter = session.counter
+        value = sessions.authorization(
+            session.id, session.key, method, path, body, now=time.time(), counter=counter
+        )
+        return {"Authorization": value}
+
+    def _forget(self, session: _Session) -> None:
+        with self._session_lock:
+            if self._session is session:
+                self._session = None
+
+    def _session_for(self, node: str) -> _Session | None:
+        """The open session, or a new one; None when the controller offers none (then each
+        request is signed with MUNGE, and sessions are asked for again later)."""
+        now = time.time()
+        with self._session_lock:
+            current = self._session
+        if current is not None and current.expires_at - RENEW_MARGIN > now:
+            return current
+        if now < self._no_sessions_until:
+            return None
+        body = b"{}"
+        try:
+            answer = self._send(
+                "POST",
+                "/v1/session",
+                body,
+                self._munge_headers("POST", "/v1/session", body, "sidecar", node),
+            )
+        except ClientError as exc:
+            if exc.status in (404, 405):
+                log.info(
+                    "the controller offers no sessions (%s): each request signed with MUNGE",
+                    exc.reason,
                 )
-            except munge.MungeError as exc:
-                raise ClientError(0, f"cannot sign the request with MUNGE: {exc}") from exc
+                self._no_sessions_until = now + NO_SESSIONS_RETRY
+                return None
+            raise
+        try:
+            session_id = str(answer["session"])
+            decoded = munge.decode(str(answer["key"]), socket=self.munge_socket)
+            lifetime = float(answer["ttl"])
+            if len(decoded.payload) != sessions.KEY_BYTES:
+                raise ValueError(f"a key of {len(decoded.payload)} bytes")
+        except (KeyError, TypeError, ValueError, munge.MungeError) as exc:
+            # never a reason to stop reporting: sign each request with MUNGE for a while
+            log.warning(
+                "cannot use the controller's session (%s): each request signed with MUNGE", exc
+            )
+            self._no_sessions_until = now + NO_SESSIONS_RETRY
+            return None
+        session = _Session(session_id, decoded.payload, now + lifetime)
+        with self._session_lock:
+            self._session = session
+        return session
+
+    def _send(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> Any:
         headers["Content-Type"] = "application/json"
         req = urllib.request.Request(
             self.url + path,

@@ -41,6 +41,7 @@ _OPT_TTL = 4  # int
 _OPT_ADDR4 = 5  # struct in_addr
 _OPT_ENCODE_TIME = 6  # time_t
 _OPT_SOCKET = 8  # char *
+_OPT_UID_RESTRICTION = 9  # uid_t
 
 #: Not a libmunge code: libmunge itself could not be loaded.
 LIBRARY_MISSING = -1
@@ -207,12 +208,19 @@ def available() -> bool:
     return True
 
 
-def encode(payload: bytes, *, socket: str | None = None, ttl: int | None = None) -> str:
+def encode(
+    payload: bytes,
+    *,
+    socket: str | None = None,
+    ttl: int | None = None,
+    uid_restriction: int | None = None,
+) -> str:
     """A credential for ``payload``, encoded by munged as the calling process's uid/gid.
 
     ``socket``: munged's socket (None: libmunge's default, /run/munge/munge.socket.2).
     ``ttl``: seconds the credential stays valid (None: munged's default, normally 300; munged
-    caps it at its --max-ttl).
+    caps it at its --max-ttl). ``uid_restriction``: only a process of this uid may decode it
+    (munged refuses others: EMUNGE_CRED_UNAUTHORIZED); the payload travels encrypted.
     """
     lib = _load()
     ctx = lib.new_ctx(socket)
@@ -221,6 +229,14 @@ def encode(payload: bytes, *, socket: str | None = None, ttl: int | None = None)
         if ttl is not None:
             rc = lib.munge.munge_ctx_set(
                 ctypes.c_void_p(ctx), ctypes.c_int(_OPT_TTL), ctypes.c_int(ttl)
+            )
+            if rc != EMUNGE_SUCCESS:
+                raise lib.error(rc, ctx)
+        if uid_restriction is not None:
+            rc = lib.munge.munge_ctx_set(
+                ctypes.c_void_p(ctx),
+                ctypes.c_int(_OPT_UID_RESTRICTION),
+                ctypes.c_uint32(uid_restriction),
             )
             if rc != EMUNGE_SUCCESS:
                 raise lib.error(rc, ctx)

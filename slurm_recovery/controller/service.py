@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from slurm_recovery import __version__
 from slurm_recovery.auth import authorize
 from slurm_recovery.config import Config
-from slurm_recovery.contract import hostlist, requests
+from slurm_recovery.contract import hostlist, munge, requests, sessions
 from slurm_recovery.contract.wire import WireError, parse_batch
 from slurm_recovery.controller import audit_api, operator_api, read_api, views
 from slurm_recovery.controller.checkpointer import Checkpointer
@@ -189,6 +189,10 @@ class Controller:
         self.loop_worker = _Worker("srecovery-loop", config.store.path)
         self.checkpointer = Checkpointer(config.store.path)
         self.replays = requests.ReplayCache()
+        #: sidecars' sessions (contract/sessions.py): one MUNGE decode per session, not report
+        self.sessions = (
+            sessions.SessionTable(config.auth.session_ttl) if config.auth.sessions else None
+        )
         self.operators = authorize.operators_from_system(
             config.auth.slurm_user, config.auth.operator_group
         )
@@ -347,6 +351,24 @@ class Controller:
             )
             role = request.headers.get(INSECURE_ROLE_HEADER, "operator")
             return requests.Principal(uid=0, gid=0, origin="", role=role, node=None)
+        header = request.headers.get("Authorization")
+        if sessions.is_session(header):
+            if self.sessions is None:
+                raise requests.AuthError(
+                    401,
+                    f"{sessions.REFUSAL}s are off here (auth.sessions = false): sign each "
+                    "request with MUNGE",
+                )
+            return self.sessions.verify(
+                str(header),
+                request.method,
+                request.raw_path,
+                body,
+                peer=request.remote,
+                now=time.time(),
+                max_age=self.config.auth.max_age,
+                skew=requests.DEFAULT_SKEW,
+            )
         return requests.verify(
             request.headers,
             request.method,
@@ -397,6 +419,52 @@ class Controller:
             self._wake.set()
         # accepted: every event; ids: those stored as evidence (an unchanged status is not)
         return web.json_response({"accepted": accepted, "ids": ids}, status=202)
+
+    async def post_session(self, request: web.Request) -> web.Response:
+        """A sidecar opens a session (contract/sessions.py); 404 when sessions are off."""
+        body = await request.read()
+        if self.sessions is None or self.insecure:
+            return web.json_response(
+                {"error": "this controller offers no sessions (auth.sessions = false)"},
+                status=404,
+            )
+        try:
+            answer = await self.ingest.run(self._open_session, request, body)
+        except requests.AuthError as err:
+            return self._refuse(err)
+        return web.json_response(answer, status=201)
+
+    def _open_session(self, request: web.Request, body: bytes) -> dict[str, Any]:
+        assert self.sessions is not None
+        if sessions.is_session(request.headers.get("Authorization")):
+            raise requests.AuthError(401, "a session is opened with a MUNGE credential")
+        principal = self._principal(request, body)
+        if principal.role != "sidecar":
+            raise requests.AuthError(
+                403, f"a {principal.role} credential may not open a session: sidecars only"
+            )
+        authorize.authorize_evidence(principal, [], self.node_addresses, self.operators)
+        session = self.sessions.open(principal, request.remote or "", time.time())
+        try:
+            key = munge.encode(
+                session.key,
+                socket=self.config.auth.munge_socket or None,
+                uid_restriction=principal.uid,
+            )
+        except munge.MungeError as exc:
+            raise requests.AuthError(503, f"cannot encode the session key: {exc}") from exc
+        log.info(
+            "session opened for the sidecar of %s (uid %d) from %s",
+            principal.node,
+            principal.uid,
+            session.peer,
+        )
+        return {
+            "session": session.id,
+            "key": key,
+            "expires_at": session.expires_at,
+            "ttl": self.sessions.ttl,
+        }
 
     async def _ingest_grouped(self, request: web.Request, body: bytes) -> Ingested:
         """Group commit: the requests that arrive while one transaction is being committed
@@ -645,6 +713,7 @@ class Controller:
         app.add_routes(
             [
                 web.post("/v1/evidence", self.post_evidence),
+                web.post("/v1/session", self.post_session),
                 web.get("/v1/audit", self.get_audit),
                 web.get("/healthz", self.healthz),
                 web.get("/metrics", self.metrics_endpoint),

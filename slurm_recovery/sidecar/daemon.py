@@ -509,6 +509,7 @@ def main(config_path: Path | None, node: str | None, once: bool, insecure_no_aut
         insecure=insecure_no_auth,
         timeout=CONTROLLER_TIMEOUT,
         ca_file=config.client.ca_file or None,
+        sessions=config.auth.sessions,
     )
     sender = Sender(outbox, client, node, side.batch_max_events)
     from slurm_recovery.scheduler.scontrol import ScontrolScheduler

@@ -324,3 +324,6 @@ def test_a_quiet_sidecars_status_is_state_not_a_growing_history(quick_stack):
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if x.strip().startswith("Sidecar:"))
     assert "last report" in line and "unchanged since" in line, line
+    # and it reported in one session (issue 29, item 2), not a MUNGE credential per report
+    log = (controller.base / "controller.log").read_text()
+    assert log.count(f"session opened for the sidecar of {NODE} ") == 1, log[-2000:]
