@@ -27,7 +27,10 @@ For each N, with a fresh store:
   of ``ControllerClient.post_evidence``, and a real MUNGE credential per request bound to
   that body (``Authorization: MUNGE``), encoded before the measured window (a sidecar encodes
   on its own node; the controller decodes every one of them in the window, as in
-  production). The schedule is open-loop: a slow answer does not delay the next request.
+  production). ``--sessions``: each simulated sidecar opens its session first (one MUNGE
+  credential, ``POST /v1/session``) and signs each status in it as it is sent (HMAC), as a
+  real sidecar does by default since issue 29; hook events keep a MUNGE credential each. The
+  schedule is open-loop: a slow answer does not delay the next request.
 - measured over the window: the rate of accepted events, latency from the start of the
   request (connect) to the end of the answer (p50/p99/max), the CPU of the controller process
   (fraction of one core, from /proc; its Slurm commands counted apart), its RSS, the CPU of
@@ -61,6 +64,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -72,6 +76,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +88,7 @@ from support import add_stack_options, fill_stack_options
 
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.config import DEFAULTS
+from slurm_recovery.contract import sessions
 from slurm_recovery.store.store import ROUTINE_EVIDENCE
 
 SLURMD_NODES = 2  # n1, n2 run a slurmd (the decide phase runs its jobs there)
@@ -396,6 +402,27 @@ def generate(spec: dict[str, Any]) -> None:
     status, job_events = spec["status"], spec["job_events"]
 
     keep_alive = spec.get("keep_alive", False)
+    keys = open_sessions(host, port, nodes, spec["munge_socket"]) if spec.get("sessions") else {}
+    counters: dict[str, int] = {}
+
+    def in_session(body: bytes, node: str) -> Callable[[], bytes]:
+        """The request, signed in the node's session when it is sent (its time and counter)."""
+        session_id, key = keys[node]
+
+        def make() -> bytes:
+            counters[node] = counters.get(node, 0) + 1
+            value = sessions.authorization(
+                session_id,
+                key,
+                "POST",
+                "/v1/evidence",
+                body,
+                now=time.time(),
+                counter=counters[node],
+            )
+            return request_bytes(host, port, body, value, keep_alive)
+
+        return make
 
     def signed(body: bytes, role: str, node: str) -> bytes:
         headers = signing.sign(
@@ -410,14 +437,16 @@ def generate(spec: dict[str, Any]) -> None:
         name = f"n{i}"
         event = {**status, "node": name}
         bodies.append((name, json.dumps({"events": [event]}, separators=(",", ":")).encode()))
-    # (offset, request, events in it, the sidecar whose connection it goes on; -1: its own)
-    schedule: list[tuple[float, bytes, int, int]] = []
+    # (offset, request or what makes it at send time, events in it, the sidecar whose
+    # connection it goes on; -1: its own)
+    schedule: list[tuple[float, Any, int, int]] = []
     t_build = time.perf_counter()
     for slot in range(int(total / period) + 1):
         for i, (name, body) in enumerate(bodies):
             offset = slot * period + period * i / nodes
             if offset < total:
-                schedule.append((offset, signed(body, "sidecar", name), 1, i))
+                request = in_session(body, name) if keys else signed(body, "sidecar", name)
+                schedule.append((offset, request, 1, i))
     job_id = 2_000_000
     for k in range(int(total * job_rate)):
         name = f"n{rng.randint(1, nodes)}"
@@ -437,8 +466,39 @@ def generate(spec: dict[str, Any]) -> None:
     Path(spec["out"]).write_text(json.dumps(results))
 
 
+def open_sessions(host: str, port: int, nodes: int, socket: str) -> dict[str, tuple[str, bytes]]:
+    """node -> (session id, key): each simulated sidecar opens its session as a real one does
+    (a MUNGE-signed POST /v1/session, the key read back through munged), before the window."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from slurm_recovery.contract import munge
+    from slurm_recovery.contract import requests as signing
+
+    def open_one(node: str) -> tuple[str, tuple[str, bytes]]:
+        body = b"{}"
+        headers = signing.sign(
+            "POST", "/v1/session", body, role="sidecar", node=node, socket=socket
+        )
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        try:
+            conn.request(
+                "POST", "/v1/session", body, {**headers, "Content-Type": "application/json"}
+            )
+            resp = conn.getresponse()
+            answer = json.loads(resp.read())
+        finally:
+            conn.close()
+        if resp.status != 201:
+            raise RuntimeError(f"session for {node}: {resp.status} {answer}")
+        key = munge.decode(answer["key"], socket=socket).payload
+        return node, (answer["session"], key)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return dict(pool.map(open_one, [f"n{i}" for i in range(1, nodes + 1)]))
+
+
 async def _run(
-    schedule: list[tuple[float, bytes, int, int]], host: str, port: int, spec: dict[str, Any]
+    schedule: list[tuple[float, Any, int, int]], host: str, port: int, spec: dict[str, Any]
 ) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     t0_wall = time.time() + 0.5
@@ -505,6 +565,8 @@ async def _run(
         if delay > 0.001:
             await asyncio.sleep(delay)
         window = w0 <= offset < w1
+        if callable(payload):
+            payload = payload()
         if state["outstanding"] >= cap:
             state["capped"] += window
             continue
@@ -546,6 +608,7 @@ def run_load(
         "job_events": templates[1],
         "max_outstanding": args.max_outstanding,
         "keep_alive": args.keep_alive,
+        "sessions": args.sessions,
         "out": str(stack.base / f"gen-{nodes}.json"),
     }
     spec_path = stack.base / f"gen-{nodes}.spec.json"
@@ -670,6 +733,101 @@ def run_load(
     if decide:
         result["decide_under_load"] = decide
     return result
+
+
+# --------------------------------------------------------------------------------- a burst
+
+
+#: What every node reports at once in ``--burst``: a fabric-wide event (a warning, as a flapping
+#: switch gives every node behind it), marked so that the store can be counted.
+BURST_EVENT = {
+    "kind": "ib_finding",
+    "payload": {
+        "port": "mlx5_0/1",
+        "check": "symbol_errors_rising",
+        "severity": "warning",
+        "detail": "symbol_error +12 since the last poll (bench burst)",
+        "link_layer": "InfiniBand",
+        "burst": True,
+    },
+}
+
+
+def count_burst(store: Path) -> int:
+    conn = sqlite3.connect(f"{store.as_uri()}?mode=ro", uri=True, timeout=30)
+    try:
+        return conn.execute(
+            "SELECT COUNT(*) FROM evidence WHERE kind = 'ib_finding' "
+            "AND json_extract(payload, '$.burst') = 1"
+        ).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def run_burst(
+    stack: Stack, nodes: int, args: argparse.Namespace, templates: tuple, decide_job: int
+) -> dict[str, Any]:
+    """Every node reports a new finding within one second, on the running controller (issue
+    29, item 4): how many are accepted, how fast, how many are in the store (none may be
+    lost), and an XID posted in the middle of the burst: the loop keeps deciding."""
+    event = {**BURST_EVENT, "observed_at": time.time()}
+    spec = {
+        "port": stack.api_port,
+        "nodes": nodes,
+        "period": 1.0,
+        "job_rate": 0.0,
+        "warmup": 0.0,
+        "duration": 1.0,
+        "tail": 0.0,
+        "munge_socket": str(stack.spec.munge_socket),
+        "status": event,
+        "job_events": templates[1],
+        "max_outstanding": args.max_outstanding,
+        "keep_alive": args.keep_alive,
+        "sessions": args.sessions,
+        "out": str(stack.base / f"burst-{nodes}.json"),
+    }
+    spec_path = stack.base / f"burst-{nodes}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    before = count_burst(stack.store)
+    gen = subprocess.Popen(
+        [sys.executable, __file__, "--generator", str(spec_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert gen.stdin is not None and gen.stdout is not None
+    ready = gen.stdout.readline().split()
+    if not ready or ready[0] != "ready":
+        gen.kill()
+        raise RuntimeError("the burst generator did not start")
+    gen.stdin.write("go\n")
+    gen.stdin.flush()
+    t0 = float(gen.stdout.readline().split()[1])
+    time.sleep(max(0.0, t0 + 0.5 - time.time()))  # the middle of the burst
+    decide = decide_incident(stack, decide_job, "n1") if decide_job else None
+    gen.stdin.close()
+    gen.wait(timeout=120)
+    result = json.loads(Path(spec["out"]).read_text())
+    stored = 0
+    deadline = time.monotonic() + 30  # answered means stored; allow the last group's commit
+    while time.monotonic() < deadline:
+        stored = count_burst(stack.store) - before
+        if stored >= nodes:
+            break
+        time.sleep(0.5)
+    accepted = sum(v for k, v in result["statuses"].items() if k.startswith("2"))
+    return {
+        "nodes": nodes,
+        "sent_within_s": 1.0,
+        "accepted": accepted,
+        "statuses": result["statuses"],
+        "capped_by_generator": result["capped"],
+        "latency_s": result["latency"],
+        "stored": stored,
+        "lost": accepted - stored,
+        "decide_during_burst": decide,
+    }
 
 
 # --------------------------------------------------------------------------------- deciding
@@ -934,6 +1092,22 @@ def print_table(report: dict[str, Any]) -> None:
             f"GIL; evidence of the last hour: {c['evidence_rows_in_horizon']} rows in "
             f"{ms['evidence_read_s']}"
         )
+    b = report.get("burst")
+    if b:
+        d = b.get("decide_during_burst") or {}
+        decided = (
+            f"an XID posted in the middle of it: detected {d['detected_s'] * 1000:.0f} ms, "
+            f"advised {d['advised_s'] * 1000:.0f} ms"
+            if "advised_s" in d
+            else f"the XID in the middle of it: {d.get('error', 'not decided')}"
+        )
+        print(
+            f"burst: {b['nodes']} nodes, one new finding each within 1 s: {b['accepted']} "
+            f"accepted ({b['statuses']}, {b['capped_by_generator']} not sent), p50 "
+            f"{_ms(b['latency_s'], 'p50').strip()} ms, p99 {_ms(b['latency_s'], 'p99').strip()} "
+            f"ms, max {_ms(b['latency_s'], 'max').strip()} ms; stored {b['stored']}, lost "
+            f"{b['lost']}; {decided}"
+        )
     for label, key in (("under load", "decide_under_load"), ("idle", "decide_idle")):
         d = report.get(key)
         if d and "advised_s" in d:
@@ -986,6 +1160,19 @@ def main() -> int:
         "--profile",
         type=Path,
         help="sample the controller with py-spy over each window (collapsed stacks to DIR)",
+    )
+    parser.add_argument(
+        "--burst",
+        action="store_true",
+        help="after the load, every node of the largest N reports a new finding within 1 s "
+        "(a fabric-wide event): accepted, latency, stored (none lost), and an XID decided "
+        "in the middle of it",
+    )
+    parser.add_argument(
+        "--sessions",
+        action="store_true",
+        help="each simulated sidecar reports in a session (auth.sessions), as a real one does "
+        "by default; without it, one MUNGE credential per status (the code before sessions)",
     )
     parser.add_argument(
         "--keep-alive",
@@ -1052,7 +1239,11 @@ def main() -> int:
             else "one TCP connection per request (Connection: close)"
         ),
         "auth": (
-            "real MUNGE: one credential per request (role sidecar/hook), encoded by the "
+            "sidecars in sessions: each opened with one MUNGE credential before the window, "
+            "each status signed in it (HMAC) as it is sent; hook events: one MUNGE credential "
+            "per request, decoded by the controller through munged"
+            if args.sessions
+            else "real MUNGE: one credential per request (role sidecar/hook), encoded by the "
             "generator before the window, decoded by the controller through munged in it"
         ),
         "retention": (
@@ -1088,6 +1279,12 @@ def main() -> int:
             )
             if "decide_under_load" in run:
                 report["decide_under_load"] = run.pop("decide_under_load")
+        if args.burst:
+            n = max(nodes)
+            print(f"burst: {n} nodes each report a new finding within 1 s ...", flush=True)
+            burst_job = submit_job(stack, "n1")  # a job with no incident yet, to decide
+            wait_running(stack, burst_job)
+            report["burst"] = run_burst(stack, n, args, templates, burst_job)
         report["pass_costs"] = pass_costs(stack)
         report["decide_idle"] = decide_idle(stack, jobs[1], "n2", defined)
     finally:
