@@ -95,8 +95,10 @@ class ControllerClient:
         node: str | None = None,
     ) -> Any:
         if self.sessions and role == "sidecar" and node:
-            session = self._session_for(node)
-            if session is not None:
+            for attempt in (1, 2):  # in the open session, then once in a new one
+                session = self._session_for(node)
+                if session is None:
+                    break
                 try:
                     return self._send(
                         method, path, body, self._signed_in(session, method, path, body)
@@ -104,13 +106,17 @@ class ControllerClient:
                 except ClientError as exc:
                     if exc.status != 401 or not exc.reason.startswith(sessions.REFUSAL):
                         raise
-                    log.info("controller refused the session (%s): opening a new one", exc.reason)
                     self._forget(session)
-                session = self._session_for(node)
-                if session is not None:  # once more, in a new session
-                    return self._send(
-                        method, path, body, self._signed_in(session, method, path, body)
+                    if attempt == 1:
+                        log.info("controller refused the session (%s): opening another", exc.reason)
+                        continue
+                    # a new session refused at once (a proxy that changes addresses): never
+                    # a reason to stop reporting; each request signed with MUNGE for a while
+                    log.warning(
+                        "controller refused a new session (%s): each request signed with MUNGE",
+                        exc.reason,
                     )
+                    self._no_sessions_until = time.time() + NO_SESSIONS_RETRY
         return self._send(method, path, body, self._munge_headers(method, path, body, role, node))
 
     def _munge_headers(

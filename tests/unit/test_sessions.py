@@ -139,3 +139,43 @@ def test_any_header_is_refused_with_a_401(header: str):
     with pytest.raises(AuthError) as info:
         check(table, header)
     assert info.value.status == 401
+
+
+def test_a_client_whose_new_session_is_refused_too_reports_with_munge(monkeypatch):
+    """Fail open: a sidecar behind something that changes its address between connections
+    gets its sessions refused; after one new session it signs with MUNGE, and keeps doing so
+    for a while, instead of never delivering."""
+    from slurm_recovery.contract import client as client_module
+    from slurm_recovery.contract.client import ClientError, ControllerClient
+    from slurm_recovery.contract.munge import Decoded
+
+    client = ControllerClient("http://controller:6820", sessions=True)
+    sent: list[tuple[str, str]] = []
+
+    def send(method, path, body, headers):
+        scheme = headers["Authorization"].split()[0]
+        sent.append((path, scheme))
+        if path == "/v1/session":
+            return {"session": "a" * 32, "key": "MUNGE:xyz:", "ttl": 3600, "expires_at": 0}
+        if scheme == sessions.SCHEME:
+            raise ClientError(401, "session opened from 10.0.0.1, used from 10.0.0.9")
+        return {"accepted": 1, "ids": [1]}
+
+    monkeypatch.setattr(client, "_send", send)
+    monkeypatch.setattr(client, "_munge_headers", lambda *args: {"Authorization": "MUNGE x"})
+    monkeypatch.setattr(
+        client_module.munge,
+        "decode",
+        lambda cred, socket=None: Decoded(b"k" * 32, 0, 0, 0, 300, ""),
+    )
+    event = {"kind": "sidecar_status", "observed_at": NOW, "node": "n2"}
+    assert client.post_evidence([event], role="sidecar", node="n2") == {"accepted": 1, "ids": [1]}
+    assert sent == [
+        ("/v1/session", "MUNGE"),
+        ("/v1/evidence", sessions.SCHEME),
+        ("/v1/session", "MUNGE"),
+        ("/v1/evidence", sessions.SCHEME),
+        ("/v1/evidence", "MUNGE"),
+    ]
+    client.post_evidence([event], role="sidecar", node="n2")
+    assert sent[5:] == [("/v1/evidence", "MUNGE")]  # no session asked for again yet
