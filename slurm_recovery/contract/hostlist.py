@@ -69,11 +69,12 @@ def expand(expr: str | None) -> list[str]:
     fast = _expand_fast(expr)
     if fast is not None:
         return fast
-    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
-    try:
-        return list(NodeSet(expr))
-    except NodeSetParseError as exc:
+    try:  # Slurm has no node groups: '@' is never ClusterShell's group syntax here, so no
+        # group source of this host's ClusterShell configuration is asked (nor its commands run)
+        return list(NodeSet(expr, resolver=RESOLVER_NOGROUP))
+    except NodeSetException as exc:
         raise HostlistError(f"invalid host list {expr!r}: {exc}") from exc
 
 
@@ -82,6 +83,6 @@ def compress(names: Iterable[str]) -> str:
     names = [n for n in names if n]
     if not names:
         return ""
-    from ClusterShell.NodeSet import NodeSet
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
 
-    return str(NodeSet.fromlist(names))
+    return str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))

@@ -24,7 +24,7 @@ import pyte
 import pytest
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.contract.client import ControllerClient
+from slurm_recovery.contract.client import ClientError, ControllerClient
 from tests.conftest import _free_port_block, wait_for
 from tests.screen import panel, row, title
 
@@ -104,7 +104,12 @@ def recovering(stack) -> dict[str, Any]:
     assert report.returncode == 0, report.stderr
 
     def released() -> Any:
-        stories = client.get(f"/v1/jobs/{job_id}")["incidents"]
+        try:
+            stories = client.get(f"/v1/jobs/{job_id}")["incidents"]
+        except ClientError as exc:  # 404: none recorded yet (the report is read by the next pass)
+            if exc.status != 404:
+                raise
+            return None
         return stories and "released" in stories[-1]["milestones"] and stories[-1]
 
     story = wait_for(released, timeout=60, interval=0.5)

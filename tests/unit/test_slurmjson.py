@@ -447,3 +447,18 @@ def test_new_node_states_of_26_05_are_understood_not_taken_for_faults(state, dow
     assert node_is_down(node.state, node.flags) is down
     assert node.drained is drained
     assert node.reason == "" and node.reason_set_by == ""
+
+
+@pytest.mark.parametrize("text", ["@@0", "@gpu", "n[1-2],@all"])
+def test_a_group_name_in_a_host_list_is_no_crash(text):
+    """'@' is ClusterShell's group syntax, not Slurm's: it once escaped as ClusterShell's
+    GroupResolverSourceError (found by hypothesis in the test above); no group is resolved."""
+    job = job_from_json(_job(excluded_nodes=text))
+    assert isinstance(job.excluded_nodes, frozenset)
+
+
+def test_a_name_with_an_at_sign_is_kept_by_compress():
+    """ClusterShell read '@a' as a group and dropped it from the list it compressed."""
+    from slurm_recovery.contract import hostlist
+
+    assert hostlist.compress(["@a", "n1"]) == "@a,n1"
