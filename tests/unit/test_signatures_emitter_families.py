@@ -665,3 +665,47 @@ def test_nccl_s_unhandled_cuda_error_defers_to_the_cuda_error_it_wraps(
     assert (v.action, v.fault_domain) == (action, domain)
     # alone, the wrapper keeps its weak node blame
     assert verdict(wrapper, nodes=["n1"]).action == "requeue_exclude"
+
+
+# ---------------------------------------------------------------- DCGM
+
+
+@settings(max_examples=40, deadline=None)
+@given(gpu=st.integers(0, 7), count=st.integers(1, 10_000), row=st.booleans())
+def test_dcgm_findings_by_dcgm_s_own_severity(gpu: int, count: int, row: bool) -> None:
+    # dcgm_errors.h formats; dcgm_errors.c severities: ISOLATE and RESET blame the node,
+    # MONITOR, CONFIG and TRIAGE ask nothing by themselves
+    def shaped(message: str) -> str:
+        return f"| Warning: GPU{gpu}             | {message} |" if row else message
+
+    for message in (
+        f"Detected {count} volatile double-bit ECC error(s) in GPU {gpu}.",  # ISOLATE
+        f"Found {count} faulty memory elements on GPU {gpu}",  # ISOLATE
+        f"GPU {gpu} had memory errors and row remappings are pending",  # RESET
+        f"GPU {gpu} has fallen off the bus",  # ISOLATE
+    ):
+        v = verdict(shaped(message), nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+        assert ids(v) == ["gpu_tool.dcgm"]
+    for message in (
+        f"Detected clocks event due to thermal violation in GPU {gpu}.",  # MONITOR
+        f"Persistence mode for GPU {gpu} is disabled.",  # CONFIG
+        f"GPU {gpu}'s NvLink link 2 is currently down",  # TRIAGE (DCGM/issues/49: no NVLink)
+    ):
+        assert verdict(shaped(message), nodes=["n1"]).action == "none"
+
+
+def test_dcgm_codes_by_name_and_the_members_that_depart_from_dcgm() -> None:
+    # a code printed by its name (NVSentinel, the DCGM exporter): the table's member decides
+    v = verdict("ErrorCode:DCGM_FR_VOLATILE_DBE_DETECTED GPU:0 PCI:0000:9d:00.0", nodes=["n1"])
+    assert (v.action, v.blame_nodes) == ("requeue_exclude", ["n1"])
+    # IMEX not READY on a node outside an active NVLink domain is no fault (NVSentinel#1471)
+    v = verdict("ErrorCode:DCGM_FR_IMEX_UNHEALTHY GPU:0 IMEX daemon status is -3 (not READY)")
+    assert (v.action, v.blame_nodes) == ("none", [])
+    # an XID DCGM reports is the XID catalogue's; the driver's own line stays the kernel's
+    assert ids(verdict("Detected XID 79 for GPU 3", nodes=["n1"])) == ["gpu_tool.xid"]
+    nvrm = "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."
+    assert "gpu_tool.dcgm" not in ids(verdict(nvrm, nodes=["n1"]))
+    # a wrapper: the CUDA error it quotes decides
+    v = verdict("| Warning: GPU0 | GPU 0 failed to create a CUDA context: 'out of memory' |")
+    assert v.action == "stop"
