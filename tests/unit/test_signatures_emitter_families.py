@@ -709,3 +709,28 @@ def test_dcgm_codes_by_name_and_the_members_that_depart_from_dcgm() -> None:
     # a wrapper: the CUDA error it quotes decides
     v = verdict("| Warning: GPU0 | GPU 0 failed to create a CUDA context: 'out of memory' |")
     assert v.action == "stop"
+
+
+# ---------------------------------------------------------------- kernel die banner, errno 133
+
+
+def test_the_kernel_s_die_banner_in_each_kernel_s_wording_blames_the_node() -> None:
+    # dumpstack.c __die_header: "%s: %04lx [#%d]..." before v6.9, "Oops: %s: %04lx [#%d]..." after
+    for banner in (
+        "[ 4242.123456] Oops: 0000 [#1] SMP PTI",
+        "[ 4242.123456] invalid opcode: 0000 [#1] PREEMPT SMP NOPTI",
+        "[ 4242.123456] Oops: invalid opcode: 0000 [#2] PREEMPT SMP NOPTI",
+        "[ 4242.123456] Oops: general protection fault, probably for non-canonical address "
+        "0xdffffc0000000001: 0000 [#1] PREEMPT SMP KASAN NOPTI",
+    ):
+        v = verdict(banner, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "system", ["n1"])
+    # a user-space trap is the program's (or its library's), not the kernel's
+    user = "traps: python[4242] trap invalid opcode ip:7f01 sp:7ffd error:0 in libfoo.so[7f00+2000]"
+    assert "kernel.oops" not in ids(verdict(user, nodes=["n1"]))
+
+
+def test_errno_133_is_a_poisoned_memory_page() -> None:
+    # Linux asm-generic/errno.h EHWPOISON 133 (Python's errno module does not name it)
+    v = verdict("OSError: [Errno 133] Memory page has hardware error", nodes=["n1"])
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
