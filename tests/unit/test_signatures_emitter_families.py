@@ -734,3 +734,36 @@ def test_errno_133_is_a_poisoned_memory_page() -> None:
     # Linux asm-generic/errno.h EHWPOISON 133 (Python's errno module does not name it)
     v = verdict("OSError: [Errno 133] Memory page has hardware error", nodes=["n1"])
     assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+
+
+# ---------------------------------------------------------------- frameworks' out-of-memory words
+
+
+def test_frameworks_out_of_memory_in_their_own_words_is_the_program_s() -> None:
+    for line in (
+        # TensorFlow's C++ log, without the Python exception
+        "W tensorflow/core/framework/op_kernel.cc:1502] OP_REQUIRES failed at conv_ops.cc:484 : "
+        "Resource exhausted: OOM when allocating tensor with shape[32,512,28,28] and type float "
+        "on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
+        "W tensorflow/core/common_runtime/bfc_allocator.cc:419] Allocator (GPU_0_bfc) ran out of "
+        "memory trying to allocate 2.00GiB (rounded to 2147483648).  Current allocation summary "
+        "follows.",
+        "Out of memory error on GPU 1. Cannot allocate 1.5GB memory on GPU 1, 30GB memory has "
+        "been allocated and available memory is only 500MB.",
+        "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to "
+        "allocate 17179869184 bytes.",
+        "cupy.cuda.memory.OutOfMemoryError: Out of memory allocating 1,073,741,824 bytes "
+        "(allocated so far: 8,589,934,592 bytes).",
+        "RuntimeError: HIP out of memory. Tried to allocate 2.00 GiB (GPU 0; 63.98 GiB total)",
+    ):
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("stop", "application", []), line
+        assert ids(v) == ["framework.out_of_memory"]
+    # the allocator's retry that it says is not a failure asks nothing
+    benign = (
+        "W tensorflow/core/common_runtime/bfc_allocator.cc:243] Allocator (GPU_0_bfc) ran out of "
+        "memory trying to allocate 1.25GiB with freed_by_count=0. The caller indicates that this "
+        "is not a failure, but may mean that there could be performance gains if more memory "
+        "were available."
+    )
+    assert verdict(benign, nodes=["n1"]).action == "none"
