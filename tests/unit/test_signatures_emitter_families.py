@@ -767,3 +767,24 @@ def test_frameworks_out_of_memory_in_their_own_words_is_the_program_s() -> None:
         "were available."
     )
     assert verdict(benign, nodes=["n1"]).action == "none"
+
+
+def test_thermal_shutdown_blames_the_node_and_throttling_is_a_warning() -> None:
+    # drivers/thermal/thermal_core.c, both wordings; arch/x86/kernel/cpu/mce/therm_throt.c
+    for line in (
+        "kernel: thermal thermal_zone0: critical temperature reached (105 C), shutting down",
+        "kernel: thermal thermal_zone4: acpitz: critical temperature reached, shutting down",
+    ):
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+    throttled = "CPU0: Core temperature above threshold, cpu clock throttled (total events = 9)"
+    assert verdict(throttled, nodes=["n1"]).action == "none"
+
+
+def test_aer_reports_several_errors_at_once_as_multiple() -> None:
+    # drivers/pci/pcie/aer.c before 6.x: "%sUncorrected (Fatal) error received" with "Multiple "
+    line = "pcieport 0000:00:01.0: AER: Multiple Uncorrected (Fatal) error received: 0000:3b:00.0"
+    v = verdict(line, nodes=["n1"])
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+    corrected = "pcieport 0000:00:01.0: AER: Multiple Corrected error received: 0000:3b:00.0"
+    assert verdict(corrected, nodes=["n1"]).action == "none"
