@@ -788,3 +788,40 @@ def test_aer_reports_several_errors_at_once_as_multiple() -> None:
     assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
     corrected = "pcieport 0000:00:01.0: AER: Multiple Corrected error received: 0000:3b:00.0"
     assert verdict(corrected, nodes=["n1"]).action == "none"
+
+
+# ---------------------------------------------------------------- host memory, disks: tools' words
+
+
+def test_edac_util_and_rasdaemon_counts_read_as_the_kernel_s_edac_lines() -> None:
+    # edac-utils edac-util.c report formats; rasdaemon's mc_event and ras-mc-ctl --summary
+    for line in (
+        "mc0: csrow2: ch1: 4 Uncorrected Errors",
+        "mc0: 1 Uncorrected Errors with no DIMM info",
+        "\tUncorrected on DIMM Label(s): 'CPU_SrcID#0_MC#0_Chan#1_DIMM#0' location: 0:0:1:-1 "
+        "errors: 3",
+        "rasdaemon[1821]: mc_event: 2021-03-04 10:11:12 +0000 1 Uncorrected error: memory read "
+        "error on CPU_SrcID#0_MC#0_Chan#1_DIMM#0 (mc: 0 location:0:1:0 grain:5)",
+    ):
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+    # edac-util -v prints a zero count for every healthy row: no event, however many rows
+    healthy = [
+        f"mc0: csrow{i}: 0 {kind} Errors" for i in range(8) for kind in ("Uncorrected", "Corrected")
+    ]
+    assert verdict(*healthy, nodes=["n1"]).action == "none"
+    # corrected errors are counted as the kernel's EDAC lines are: a storm blames the node
+    assert verdict("mc0: csrow2: ch1: 2 Corrected Errors", nodes=["n1"]).action == "none"
+    storm = verdict("mc0: csrow2: ch1: 120 Corrected Errors", nodes=["n1"])
+    assert (storm.action, storm.blame_nodes) == ("requeue_exclude", ["n1"])
+
+
+def test_a_disk_medium_error_blames_the_node() -> None:
+    # SCSI sense key Medium Error / ASC Unrecovered read error; libata's { UNC } error flag
+    for line in (
+        "kernel: sd 2:0:0:0: [sdb] tag#7 Sense Key : Medium Error [current]",
+        "kernel: sd 2:0:0:0: [sdb] Medium Error: Unrecovered read error - auto reallocate failed",
+        "kernel: ata3.00: error: { UNC }",
+    ):
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
