@@ -825,3 +825,25 @@ def test_a_disk_medium_error_blames_the_node() -> None:
     ):
         v = verdict(line, nodes=["n1"])
         assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+
+
+def test_nccl_s_unhandled_cuda_error_from_its_own_allocation_blames_no_node() -> None:
+    # NCCL 2.12+: the wrapper, then "Last error:" and the WARN's text without its prefix
+    wrapper = (
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "NCCLUtils.hpp:340, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL "
+        "version 2.21.5"
+    )
+    for alloc in (
+        "Failed to CUDA calloc 8388608 bytes",
+        "gpu-a17:2231:2290 [5] include/alloc.h:493 (ncclCudaCallocDebug) NCCL WARN Failed to "
+        "CUDA calloc 536870912 bytes",
+    ):
+        v = verdict(
+            wrapper,
+            "ncclUnhandledCudaError: Call to CUDA function failed.",
+            "Last error:",
+            alloc,
+            nodes=["n1"],
+        )
+        assert (v.action, v.blame_nodes) == ("requeue", []), alloc
