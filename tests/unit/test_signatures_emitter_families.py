@@ -847,3 +847,18 @@ def test_nccl_s_unhandled_cuda_error_from_its_own_allocation_blames_no_node() ->
             nodes=["n1"],
         )
         assert (v.action, v.blame_nodes) == ("requeue", []), alloc
+
+
+def test_slurmctld_s_requeue_for_a_failed_node_blames_that_node() -> None:
+    # job_mgr.c: "requeue job %pJ due to failure of node %s", "Batch %pJ missing from batch node
+    # %s (not found BatchStartTime after startup)%s"
+    for line in (
+        "[2024-03-01T10:00:00.123] requeue job JobId=4242 due to failure of node gpu17",
+        "[2024-03-01T10:00:00.123] Batch JobId=4242 missing from batch node gpu17 (not found "
+        "BatchStartTime after startup), Requeuing job",
+    ):
+        v = verdict(line)
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "system", ["gpu17"])
+    # srun/opt.c: the command itself cannot be run
+    v = verdict("srun: fatal: Can not execute /home/u/run/a.out", nodes=["n1"])
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("stop", "application", [])
