@@ -802,6 +802,8 @@ def test_edac_util_and_rasdaemon_counts_read_as_the_kernel_s_edac_lines() -> Non
         "errors: 3",
         "rasdaemon[1821]: mc_event: 2021-03-04 10:11:12 +0000 1 Uncorrected error: memory read "
         "error on CPU_SrcID#0_MC#0_Chan#1_DIMM#0 (mc: 0 location:0:1:0 grain:5)",
+        "12 2022-10-16 11:26:39 +0000 1 Uncorrected error(s): memory read error at "
+        "CPU_SrcID#1_MC#1_Chan#1_DIMM#0 location: 1:1:1:-1, addr 0x12345, grain 5",
     ):
         v = verdict(line, nodes=["n1"])
         assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
