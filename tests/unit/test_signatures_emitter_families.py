@@ -864,3 +864,25 @@ def test_slurmctld_s_requeue_for_a_failed_node_blames_that_node() -> None:
     # srun/opt.c: the command itself cannot be run
     v = verdict("srun: fatal: Can not execute /home/u/run/a.out", nodes=["n1"])
     assert (v.action, v.fault_domain, v.blame_nodes) == ("stop", "application", [])
+
+
+def test_an_mpi_launcher_s_report_of_a_lost_process_is_a_symptom() -> None:
+    # Open MPI/PRRTE help text; MPICH's banner
+    for line in (
+        "ORTE has lost communication with a remote daemon.",
+        "PRTE has lost communication with a remote daemon.",
+        "mpirun noticed that process rank 3 with PID 0 on node n4 exited on signal 9 (Killed).",
+        "An MPI communication peer process has unexpectedly disconnected.",
+        "===   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES",
+    ):
+        v = verdict(line, nodes=["n1", "n4"])
+        assert (v.action, v.blame_nodes) == ("requeue", []), line
+        # never the root when the cause is in the log
+        oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+        assert verdict(oom, line, nodes=["n1", "n4"]).action == "stop"
+    # a signal that says more stays its own entry's
+    segv = (
+        "mpirun noticed that process rank 3 with PID 9 on node n4 exited on signal 11 "
+        "(Segmentation fault)."
+    )
+    assert ids(verdict(segv)) == ["process.segfault"]
