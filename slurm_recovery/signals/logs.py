@@ -1020,6 +1020,11 @@ def classify(
             for a in primary
             if a[0].signature_id.startswith("cuda.") and not _wraps_cuda_error(a[0])
         ]
+        if not wrapped:
+            # the failed call was NCCL's own allocation of GPU memory ("Failed to CUDA calloc
+            # ..."): the GPU's memory was full (the job's, or a leftover process's), which the
+            # NCCL WARN table reads as a restart, not a node's fault
+            wrapped = [a for a in knock_on if _nccl_cuda_alloc_failed(a[0])]
         if wrapped:
             root_item = wrapped[0]
     root = root_item[1]
@@ -1066,6 +1071,16 @@ def _wraps_cuda_error(match: Match) -> bool:
         match.signature_id == "nccl.error_raised"
         and match.code is not None
         and "unhandled cuda error" in match.code.lower()
+    )
+
+
+def _nccl_cuda_alloc_failed(match: Match) -> bool:
+    """NCCL's allocation of GPU memory failed (``Failed to CUDA calloc %ld bytes``, with or
+    without its ``NCCL WARN`` prefix)."""
+    return (
+        match.signature_id == "nccl.warn"
+        and match.code is not None
+        and match.code.startswith("Failed to CUDA ")
     )
 
 

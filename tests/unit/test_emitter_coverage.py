@@ -48,6 +48,7 @@ REQUIRED = {
     "nvml_return",
     "errno",
     "ipmi_sel",
+    "dcgm_errors",
 }
 
 

@@ -665,3 +665,224 @@ def test_nccl_s_unhandled_cuda_error_defers_to_the_cuda_error_it_wraps(
     assert (v.action, v.fault_domain) == (action, domain)
     # alone, the wrapper keeps its weak node blame
     assert verdict(wrapper, nodes=["n1"]).action == "requeue_exclude"
+
+
+# ---------------------------------------------------------------- DCGM
+
+
+@settings(max_examples=40, deadline=None)
+@given(gpu=st.integers(0, 7), count=st.integers(1, 10_000), row=st.booleans())
+def test_dcgm_findings_by_dcgm_s_own_severity(gpu: int, count: int, row: bool) -> None:
+    # dcgm_errors.h formats; dcgm_errors.c severities: ISOLATE and RESET blame the node,
+    # MONITOR, CONFIG and TRIAGE ask nothing by themselves
+    def shaped(message: str) -> str:
+        return f"| Warning: GPU{gpu}             | {message} |" if row else message
+
+    for message in (
+        f"Detected {count} volatile double-bit ECC error(s) in GPU {gpu}.",  # ISOLATE
+        f"Found {count} faulty memory elements on GPU {gpu}",  # ISOLATE
+        f"GPU {gpu} had memory errors and row remappings are pending",  # RESET
+        f"GPU {gpu} has fallen off the bus",  # ISOLATE
+    ):
+        v = verdict(shaped(message), nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+        assert ids(v) == ["gpu_tool.dcgm"]
+    for message in (
+        f"Detected clocks event due to thermal violation in GPU {gpu}.",  # MONITOR
+        f"Persistence mode for GPU {gpu} is disabled.",  # CONFIG
+        f"GPU {gpu}'s NvLink link 2 is currently down",  # TRIAGE (DCGM/issues/49: no NVLink)
+    ):
+        assert verdict(shaped(message), nodes=["n1"]).action == "none"
+
+
+def test_dcgm_codes_by_name_and_the_members_that_depart_from_dcgm() -> None:
+    # a code printed by its name (NVSentinel, the DCGM exporter): the table's member decides
+    v = verdict("ErrorCode:DCGM_FR_VOLATILE_DBE_DETECTED GPU:0 PCI:0000:9d:00.0", nodes=["n1"])
+    assert (v.action, v.blame_nodes) == ("requeue_exclude", ["n1"])
+    # IMEX not READY on a node outside an active NVLink domain is no fault (NVSentinel#1471)
+    v = verdict("ErrorCode:DCGM_FR_IMEX_UNHEALTHY GPU:0 IMEX daemon status is -3 (not READY)")
+    assert (v.action, v.blame_nodes) == ("none", [])
+    # an XID DCGM reports is the XID catalogue's; the driver's own line stays the kernel's
+    assert ids(verdict("Detected XID 79 for GPU 3", nodes=["n1"])) == ["gpu_tool.xid"]
+    nvrm = "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."
+    assert "gpu_tool.dcgm" not in ids(verdict(nvrm, nodes=["n1"]))
+    # a wrapper: the CUDA error it quotes decides
+    v = verdict("| Warning: GPU0 | GPU 0 failed to create a CUDA context: 'out of memory' |")
+    assert v.action == "stop"
+
+
+# ---------------------------------------------------------------- kernel die banner, errno 133
+
+
+def test_the_kernel_s_die_banner_in_each_kernel_s_wording_blames_the_node() -> None:
+    # dumpstack.c __die_header: "%s: %04lx [#%d]..." before v6.9, "Oops: %s: %04lx [#%d]..." after
+    for banner in (
+        "[ 4242.123456] Oops: 0000 [#1] SMP PTI",
+        "[ 4242.123456] invalid opcode: 0000 [#1] PREEMPT SMP NOPTI",
+        "[ 4242.123456] Oops: invalid opcode: 0000 [#2] PREEMPT SMP NOPTI",
+        "[ 4242.123456] Oops: general protection fault, probably for non-canonical address "
+        "0xdffffc0000000001: 0000 [#1] PREEMPT SMP KASAN NOPTI",
+    ):
+        v = verdict(banner, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "system", ["n1"])
+    # a user-space trap is the program's (or its library's), not the kernel's
+    user = "traps: python[4242] trap invalid opcode ip:7f01 sp:7ffd error:0 in libfoo.so[7f00+2000]"
+    assert "kernel.oops" not in ids(verdict(user, nodes=["n1"]))
+
+
+def test_errno_133_is_a_poisoned_memory_page() -> None:
+    # Linux asm-generic/errno.h EHWPOISON 133 (Python's errno module does not name it)
+    v = verdict("OSError: [Errno 133] Memory page has hardware error", nodes=["n1"])
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+
+
+# ---------------------------------------------------------------- frameworks' out-of-memory words
+
+
+def test_frameworks_out_of_memory_in_their_own_words_is_the_program_s() -> None:
+    for line in (
+        # TensorFlow's C++ log, without the Python exception
+        "W tensorflow/core/framework/op_kernel.cc:1502] OP_REQUIRES failed at conv_ops.cc:484 : "
+        "Resource exhausted: OOM when allocating tensor with shape[32,512,28,28] and type float "
+        "on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
+        "W tensorflow/core/common_runtime/bfc_allocator.cc:419] Allocator (GPU_0_bfc) ran out of "
+        "memory trying to allocate 2.00GiB (rounded to 2147483648).  Current allocation summary "
+        "follows.",
+        "Out of memory error on GPU 1. Cannot allocate 1.5GB memory on GPU 1, 30GB memory has "
+        "been allocated and available memory is only 500MB.",
+        "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to "
+        "allocate 17179869184 bytes.",
+        "cupy.cuda.memory.OutOfMemoryError: Out of memory allocating 1,073,741,824 bytes "
+        "(allocated so far: 8,589,934,592 bytes).",
+        "RuntimeError: HIP out of memory. Tried to allocate 2.00 GiB (GPU 0; 63.98 GiB total)",
+    ):
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("stop", "application", []), line
+        assert ids(v) == ["framework.out_of_memory"]
+    # the allocator's retry that it says is not a failure asks nothing
+    benign = (
+        "W tensorflow/core/common_runtime/bfc_allocator.cc:243] Allocator (GPU_0_bfc) ran out of "
+        "memory trying to allocate 1.25GiB with freed_by_count=0. The caller indicates that this "
+        "is not a failure, but may mean that there could be performance gains if more memory "
+        "were available."
+    )
+    assert verdict(benign, nodes=["n1"]).action == "none"
+
+
+def test_thermal_shutdown_blames_the_node_and_throttling_is_a_warning() -> None:
+    # drivers/thermal/thermal_core.c, both wordings; arch/x86/kernel/cpu/mce/therm_throt.c
+    for line in (
+        "kernel: thermal thermal_zone0: critical temperature reached (105 C), shutting down",
+        "kernel: thermal thermal_zone4: acpitz: critical temperature reached, shutting down",
+    ):
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+    throttled = "CPU0: Core temperature above threshold, cpu clock throttled (total events = 9)"
+    assert verdict(throttled, nodes=["n1"]).action == "none"
+
+
+def test_aer_reports_several_errors_at_once_as_multiple() -> None:
+    # drivers/pci/pcie/aer.c before 6.x: "%sUncorrected (Fatal) error received" with "Multiple "
+    line = "pcieport 0000:00:01.0: AER: Multiple Uncorrected (Fatal) error received: 0000:3b:00.0"
+    v = verdict(line, nodes=["n1"])
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+    corrected = "pcieport 0000:00:01.0: AER: Multiple Corrected error received: 0000:3b:00.0"
+    assert verdict(corrected, nodes=["n1"]).action == "none"
+
+
+# ---------------------------------------------------------------- host memory, disks: tools' words
+
+
+def test_edac_util_and_rasdaemon_counts_read_as_the_kernel_s_edac_lines() -> None:
+    # edac-utils edac-util.c report formats; rasdaemon's mc_event and ras-mc-ctl --summary
+    for line in (
+        "mc0: csrow2: ch1: 4 Uncorrected Errors",
+        "mc0: 1 Uncorrected Errors with no DIMM info",
+        "\tUncorrected on DIMM Label(s): 'CPU_SrcID#0_MC#0_Chan#1_DIMM#0' location: 0:0:1:-1 "
+        "errors: 3",
+        "rasdaemon[1821]: mc_event: 2021-03-04 10:11:12 +0000 1 Uncorrected error: memory read "
+        "error on CPU_SrcID#0_MC#0_Chan#1_DIMM#0 (mc: 0 location:0:1:0 grain:5)",
+        "12 2022-10-16 11:26:39 +0000 1 Uncorrected error(s): memory read error at "
+        "CPU_SrcID#1_MC#1_Chan#1_DIMM#0 location: 1:1:1:-1, addr 0x12345, grain 5",
+    ):
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+    # edac-util -v prints a zero count for every healthy row: no event, however many rows
+    healthy = [
+        f"mc0: csrow{i}: 0 {kind} Errors" for i in range(8) for kind in ("Uncorrected", "Corrected")
+    ]
+    assert verdict(*healthy, nodes=["n1"]).action == "none"
+    # corrected errors are counted as the kernel's EDAC lines are: a storm blames the node
+    assert verdict("mc0: csrow2: ch1: 2 Corrected Errors", nodes=["n1"]).action == "none"
+    storm = verdict("mc0: csrow2: ch1: 120 Corrected Errors", nodes=["n1"])
+    assert (storm.action, storm.blame_nodes) == ("requeue_exclude", ["n1"])
+
+
+def test_a_disk_medium_error_blames_the_node() -> None:
+    # SCSI sense key Medium Error / ASC Unrecovered read error; libata's { UNC } error flag
+    for line in (
+        "kernel: sd 2:0:0:0: [sdb] tag#7 Sense Key : Medium Error [current]",
+        "kernel: sd 2:0:0:0: [sdb] Medium Error: Unrecovered read error - auto reallocate failed",
+        "kernel: ata3.00: error: { UNC }",
+    ):
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+
+
+def test_nccl_s_unhandled_cuda_error_from_its_own_allocation_blames_no_node() -> None:
+    # NCCL 2.12+: the wrapper, then "Last error:" and the WARN's text without its prefix
+    wrapper = (
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "NCCLUtils.hpp:340, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL "
+        "version 2.21.5"
+    )
+    for alloc in (
+        "Failed to CUDA calloc 8388608 bytes",
+        "gpu-a17:2231:2290 [5] include/alloc.h:493 (ncclCudaCallocDebug) NCCL WARN Failed to "
+        "CUDA calloc 536870912 bytes",
+    ):
+        v = verdict(
+            wrapper,
+            "ncclUnhandledCudaError: Call to CUDA function failed.",
+            "Last error:",
+            alloc,
+            nodes=["n1"],
+        )
+        assert (v.action, v.blame_nodes) == ("requeue", []), alloc
+
+
+def test_slurmctld_s_requeue_for_a_failed_node_blames_that_node() -> None:
+    # job_mgr.c: "requeue job %pJ due to failure of node %s", "Batch %pJ missing from batch node
+    # %s (not found BatchStartTime after startup)%s"
+    for line in (
+        "[2024-03-01T10:00:00.123] requeue job JobId=4242 due to failure of node gpu17",
+        "[2024-03-01T10:00:00.123] Batch JobId=4242 missing from batch node gpu17 (not found "
+        "BatchStartTime after startup), Requeuing job",
+    ):
+        v = verdict(line)
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "system", ["gpu17"])
+    # srun/opt.c: the command itself cannot be run
+    v = verdict("srun: fatal: Can not execute /home/u/run/a.out", nodes=["n1"])
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("stop", "application", [])
+
+
+def test_an_mpi_launcher_s_report_of_a_lost_process_is_a_symptom() -> None:
+    # Open MPI/PRRTE help text; MPICH's banner
+    for line in (
+        "ORTE has lost communication with a remote daemon.",
+        "PRTE has lost communication with a remote daemon.",
+        "mpirun noticed that process rank 3 with PID 0 on node n4 exited on signal 9 (Killed).",
+        "An MPI communication peer process has unexpectedly disconnected.",
+        "===   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES",
+    ):
+        v = verdict(line, nodes=["n1", "n4"])
+        assert (v.action, v.blame_nodes) == ("requeue", []), line
+        # never the root when the cause is in the log
+        oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+        assert verdict(oom, line, nodes=["n1", "n4"]).action == "stop"
+    # a signal that says more stays its own entry's
+    segv = (
+        "mpirun noticed that process rank 3 with PID 9 on node n4 exited on signal 11 "
+        "(Segmentation fault)."
+    )
+    assert ids(verdict(segv)) == ["process.segfault"]
