@@ -591,27 +591,36 @@ async def _run(
 # --------------------------------------------------------------------------------- one run
 
 
-def run_load(
-    stack: Stack, nodes: int, args: argparse.Namespace, templates: tuple, decide_job: int
+def generator_spec(
+    stack: Stack,
+    nodes: int,
+    args: argparse.Namespace,
+    templates: tuple,
+    *,
+    name: str,
+    status: dict[str, Any] | None = None,
+    **schedule: float,
 ) -> dict[str, Any]:
-    stack.start_controller()
-    spec = {
+    """What the generator process is told: where, how many nodes, the event each node sends
+    (``status``: the sidecar's status unless given), and the schedule (period, job_rate,
+    warmup, duration, tail)."""
+    return {
         "port": stack.api_port,
         "nodes": nodes,
-        "period": args.period,
-        "job_rate": args.job_rate,
-        "warmup": args.warmup,
-        "duration": args.duration,
-        "tail": args.tail if decide_job else 1.0,
+        **schedule,
         "munge_socket": str(stack.spec.munge_socket),
-        "status": templates[0],
+        "status": status or templates[0],
         "job_events": templates[1],
         "max_outstanding": args.max_outstanding,
         "keep_alive": args.keep_alive,
         "sessions": args.sessions,
-        "out": str(stack.base / f"gen-{nodes}.json"),
+        "out": str(stack.base / f"{name}.json"),
     }
-    spec_path = stack.base / f"gen-{nodes}.spec.json"
+
+
+def start_generator(spec: dict[str, Any], spec_path: Path) -> tuple[subprocess.Popen, float]:
+    """The generator process, once it has built and signed its requests, told to go: the
+    process and the wall time its schedule starts at."""
     spec_path.write_text(json.dumps(spec))
     gen = subprocess.Popen(
         [sys.executable, __file__, "--generator", str(spec_path)],
@@ -624,15 +633,34 @@ def run_load(
     if not ready or ready[0] != "ready":
         gen.kill()
         raise RuntimeError("the load generator did not start")
+    gen.stdin.write("go\n")
+    gen.stdin.flush()
+    return gen, float(gen.stdout.readline().split()[1])
+
+
+def run_load(
+    stack: Stack, nodes: int, args: argparse.Namespace, templates: tuple, decide_job: int
+) -> dict[str, Any]:
+    stack.start_controller()
+    spec = generator_spec(
+        stack,
+        nodes,
+        args,
+        templates,
+        name=f"gen-{nodes}",
+        period=args.period,
+        job_rate=args.job_rate,
+        warmup=args.warmup,
+        duration=args.duration,
+        tail=args.tail if decide_job else 1.0,
+    )
+    gen, t0 = start_generator(spec, stack.base / f"gen-{nodes}.spec.json")
     pids = {
         "controller": stack.controller,
         "munged": stack.pid("munged"),
         "slurmctld": stack.pid("slurmctld"),
         "generator": gen.pid,
     }
-    gen.stdin.write("go\n")
-    gen.stdin.flush()
-    t0 = float(gen.stdout.readline().split()[1])
 
     def sleep_until(t: float) -> None:
         time.sleep(max(0.0, t - time.time()))
@@ -770,40 +798,21 @@ def run_burst(
     """Every node reports a new finding within one second, on the running controller (issue
     29, item 4): how many are accepted, how fast, how many are in the store (none may be
     lost), and an XID posted in the middle of the burst: the loop keeps deciding."""
-    event = {**BURST_EVENT, "observed_at": time.time()}
-    spec = {
-        "port": stack.api_port,
-        "nodes": nodes,
-        "period": 1.0,
-        "job_rate": 0.0,
-        "warmup": 0.0,
-        "duration": 1.0,
-        "tail": 0.0,
-        "munge_socket": str(stack.spec.munge_socket),
-        "status": event,
-        "job_events": templates[1],
-        "max_outstanding": args.max_outstanding,
-        "keep_alive": args.keep_alive,
-        "sessions": args.sessions,
-        "out": str(stack.base / f"burst-{nodes}.json"),
-    }
-    spec_path = stack.base / f"burst-{nodes}.spec.json"
-    spec_path.write_text(json.dumps(spec))
-    before = count_burst(stack.store)
-    gen = subprocess.Popen(
-        [sys.executable, __file__, "--generator", str(spec_path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+    spec = generator_spec(
+        stack,
+        nodes,
+        args,
+        templates,
+        name=f"burst-{nodes}",
+        status={**BURST_EVENT, "observed_at": time.time()},
+        period=1.0,
+        job_rate=0.0,
+        warmup=0.0,
+        duration=1.0,
+        tail=0.0,
     )
-    assert gen.stdin is not None and gen.stdout is not None
-    ready = gen.stdout.readline().split()
-    if not ready or ready[0] != "ready":
-        gen.kill()
-        raise RuntimeError("the burst generator did not start")
-    gen.stdin.write("go\n")
-    gen.stdin.flush()
-    t0 = float(gen.stdout.readline().split()[1])
+    before = count_burst(stack.store)
+    gen, t0 = start_generator(spec, stack.base / f"burst-{nodes}.spec.json")
     time.sleep(max(0.0, t0 + 0.5 - time.time()))  # the middle of the burst
     decide = decide_incident(stack, decide_job, "n1") if decide_job else None
     gen.stdin.close()

@@ -55,23 +55,8 @@ def test_a_sidecar_reports_in_a_session_that_nothing_else_can_use(stacks, local_
     session = client._session
     assert session is not None and session.counter == 3  # one session, three reports
 
-    # the exact request again: replayed
-    body = body_for(seq=99)
-    session.counter += 1
-    header = sessions.authorization(
-        session.id,
-        session.key,
-        "POST",
-        "/v1/evidence",
-        body,
-        now=time.time(),
-        counter=session.counter,
-    )
-    assert raw_post(stack.url, "/v1/evidence", body, {"Authorization": header})[0] == 202
-    status, answer = raw_post(stack.url, "/v1/evidence", body, {"Authorization": header})
-    assert status == 401 and "replayed" in answer["error"], answer
-
     def fresh(body: bytes) -> str:
+        """The next request of the session, signed as the client signs it."""
         session.counter += 1
         return sessions.authorization(
             session.id,
@@ -82,6 +67,13 @@ def test_a_sidecar_reports_in_a_session_that_nothing_else_can_use(stacks, local_
             now=time.time(),
             counter=session.counter,
         )
+
+    # the exact request again: replayed
+    body = body_for(seq=99)
+    header = fresh(body)
+    assert raw_post(stack.url, "/v1/evidence", body, {"Authorization": header})[0] == 202
+    status, answer = raw_post(stack.url, "/v1/evidence", body, {"Authorization": header})
+    assert status == 401 and "replayed" in answer["error"], answer
 
     # another body under that signature; a flipped MAC
     good = fresh(body_for(seq=100))

@@ -338,18 +338,17 @@ def test_a_slurm_command_that_fails_ends_the_pass_and_says_why(tmp_path: Path):
     assert loop.passes == 2 and slurm.steps == []
 
 
-def test_a_redo_the_same_pass_already_detected_is_linked_not_opened_twice(tmp_path: Path):
-    """The watchdog released the held job onto the bad node within seconds of its XID (the
-    controller killed after ``requeue_hold``): the restarted controller's detect sees the XID
-    in the new attempt (``START_SLACK``) and opens its incident before the old incident's
-    reconcile asks for the redo. Seen once in CI on 26.05 (test_operator_wins): the redo then
-    hit the open incident (ConflictError, the pass failed) and the link was lost. One incident
-    for the new attempt, linked to the old one, and the pass succeeds."""
+def released_onto_the_bad_node(
+    tmp_path: Path, xid_at: float, started_at: float, now: float
+) -> tuple[Store, FakeSlurm, list[float]]:
+    """A job on n1,n2 with a fatal XID on n2 at ``xid_at``; the controller killed right after
+    its ``requeue_hold``; the watchdog then released the job before the exclusion, so Slurm
+    shows it running again on n2 since ``started_at``; the clock at ``now``."""
     store = Store.open(tmp_path / "state.db")
     first = job(nodes=("n1", "n2"))
     slurm = FakeSlurm([first], nodes())
     clock = [NOW]
-    store.add_evidence([xid(79, node="n2", at=NOW - 0.5)], received_at=NOW - 0.4)
+    store.add_evidence([xid(79, node="n2", at=xid_at)], received_at=xid_at + 0.1)
 
     def kill_after_hold(step: str) -> None:
         if step == "requeue_hold":
@@ -357,9 +356,20 @@ def test_a_redo_the_same_pass_already_detected_is_linked_not_opened_twice(tmp_pa
 
     with pytest.raises(Killed):
         reconciler(store, slurm, clock, after_step=kill_after_hold).tick()
-    # the watchdog released it before the exclusion: running again on n2, 1 s after the XID
-    clock[0] = NOW + 2
-    slurm.jobs[7] = dataclasses.replace(first, restart_count=1, start_time=int(NOW) + 1)
+    clock[0] = now
+    slurm.jobs[7] = dataclasses.replace(first, restart_count=1, start_time=int(started_at))
+    return store, slurm, clock
+
+
+def test_a_redo_the_same_pass_already_detected_is_linked_not_opened_twice(tmp_path: Path):
+    """The watchdog released the held job onto the bad node within seconds of its XID (the
+    controller killed after ``requeue_hold``): the restarted controller's detect sees the XID
+    in the new attempt (``START_SLACK``) and opens its incident before the old incident's
+    reconcile asks for the redo. Seen once in CI on 26.05 (test_operator_wins): the redo then
+    hit the open incident (ConflictError, the pass failed) and the link was lost. One incident
+    for the new attempt, linked to the old one, and the pass succeeds."""
+    # running again on n2 1 s after the XID
+    store, slurm, clock = released_onto_the_bad_node(tmp_path, NOW - 0.5, NOW + 1, NOW + 2)
     loop = reconciler(store, slurm, clock)
     loop.tick()
     assert not loop.last_error, loop.last_error
@@ -375,20 +385,8 @@ def test_a_redo_that_cannot_be_written_leaves_the_old_incident_open(tmp_path: Pa
     """Closing an incident and opening its redo commit together: a store that fails the redo
     (disk full) leaves the old incident open, so the next pass redoes it instead of leaving the
     job on the node its advice excluded with nothing open about it."""
-    store = Store.open(tmp_path / "state.db")
-    first = job(nodes=("n1", "n2"))
-    slurm = FakeSlurm([first], nodes())
-    clock = [NOW]
-    store.add_evidence([xid(79, node="n2", at=NOW - 60)], received_at=NOW - 59)
-
-    def kill_after_hold(step: str) -> None:
-        if step == "requeue_hold":
-            raise Killed
-
-    with pytest.raises(Killed):
-        reconciler(store, slurm, clock, after_step=kill_after_hold).tick()
-    clock[0] = NOW + 30  # released by the watchdog long after the XID: no new detection
-    slurm.jobs[7] = dataclasses.replace(first, restart_count=1, start_time=int(NOW) + 20)
+    # released long after the XID: no new detection
+    store, slurm, clock = released_onto_the_bad_node(tmp_path, NOW - 60, NOW + 20, NOW + 30)
     loop = reconciler(store, slurm, clock)
     real_open = store.open_incident
 
