@@ -77,7 +77,7 @@ def authorization(
 
 
 def is_session(header: str | None) -> bool:
-    return bool(header) and header.lstrip().startswith(SCHEME + " ")  # type: ignore[union-attr]
+    return header is not None and header.lstrip().startswith(SCHEME + " ")
 
 
 def peer_address(remote: str | None) -> str:

@@ -755,6 +755,9 @@ def sidecar_json(report: NodeReport, now: float) -> dict[str, Any]:
     """A node's sidecar as last heard: when, since when its condition is unchanged (and over
     how many reports), its version, and each source that is not ok. Pure."""
     sources = report.condition.get("sources") or {}
+    # the payload as a sidecar sent it: a newer (or broken) one may shape it otherwise
+    texts = report.payload.get("sources")
+    delivery = report.payload.get("delivery")
     return {
         "last_report": iso(report.heard_at),
         "silent_for": round(max(0.0, now - report.heard_at), 1),
@@ -762,12 +765,12 @@ def sidecar_json(report: NodeReport, now: float) -> dict[str, Any]:
         "reports_since_change": report.reports,
         "version": report.payload.get("version"),
         "problems": {
-            name: report.payload.get("sources", {}).get(name, text)
+            name: texts.get(name, text) if isinstance(texts, Mapping) else text
             for name, text in sorted(sources.items())
             if text != "ok"
         },
         "dropped": report.payload.get("dropped", 0),
-        "delivery_error": (report.payload.get("delivery") or {}).get("last_error", ""),
+        "delivery_error": delivery.get("last_error", "") if isinstance(delivery, Mapping) else "",
     }
 
 

@@ -194,3 +194,13 @@ def test_the_node_view_says_when_the_sidecar_last_reported_and_changed(tmp_path:
     assert shown["silent_for"] == 15.0 and shown["reports_since_change"] == 2
     assert shown["problems"] == {"ib": "mlx5_0 port 1: counters unreadable"}
     assert shown["last_change"].startswith("2023-11-14T22:13:20")
+
+
+def test_the_node_view_of_an_oddly_shaped_status_is_no_crash(tmp_path: Path):
+    """A newer or broken sidecar's status: the condition reads it (above), and so does the
+    view that srecovery nodes shows."""
+    store = Store.open(tmp_path / "state.db")
+    odd = payload(delivery="failing", sources=["kmsg"])
+    store.note_status(status(T0, odd), status_condition(odd), T0)
+    shown = sidecar_json(store.node_reports()["n1"], now=T0 + 1)
+    assert shown["delivery_error"] == "" and shown["problems"] == {}
