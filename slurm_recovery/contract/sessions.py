@@ -184,7 +184,7 @@ class SessionTable:
                     f"{REFUSAL} MAC does not match this request (method, path, body, time, "
                     "counter)",
                 )
-            if peer_address(peer) != session.peer:
+            if peer != session.peer and peer_address(peer) != session.peer:
                 raise AuthError(
                     401,
                     f"{REFUSAL} opened from {session.peer}, used from {peer_address(peer)}",

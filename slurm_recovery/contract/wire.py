@@ -65,16 +65,26 @@ class WireEvent:
     gpu: int | None = None
     job_id: int | None = None
     payload: Mapping[str, Any] = field(default_factory=dict)
+    #: the payload as the store writes it (canonical JSON: sorted keys, compact, ASCII),
+    #: computed once by :func:`parse_event` so nothing downstream encodes it again ("" when
+    #: the event was built some other way: then it is encoded where it is needed)
+    payload_json: str = ""
 
 
-def _depth(value: Any, level: int = 0) -> int:
-    if level > MAX_DEPTH:
-        return level
-    if isinstance(value, dict):
-        return max([_depth(v, level + 1) for v in value.values()], default=level + 1)
-    if isinstance(value, list):
-        return max([_depth(v, level + 1) for v in value], default=level + 1)
-    return level
+def _deeper_than(payload: dict[str, Any], limit: int) -> bool:
+    """Whether ``payload`` nests objects and lists more than ``limit`` levels deep (itself is
+    level 1). Level by level, looking only at containers: a status with a hundred readings
+    costs a few microseconds, not a call per value."""
+    level, containers = 1, [payload]
+    while containers:
+        if level > limit:
+            return True
+        inner: list[Any] = []
+        for container in containers:
+            values = container.values() if type(container) is dict else container
+            inner.extend(v for v in values if type(v) is dict or type(v) is list)
+        level, containers = level + 1, inner
+    return False
 
 
 def parse_event(raw: Any, where: str) -> WireEvent:
@@ -106,10 +116,12 @@ def parse_event(raw: Any, where: str) -> WireEvent:
     payload = raw.get("payload", {})
     if not isinstance(payload, dict):
         raise WireError(f"{where}.payload: must be an object")
-    if _depth(payload) > MAX_DEPTH:
+    if _deeper_than(payload, MAX_DEPTH):
         raise WireError(f"{where}.payload: nested deeper than {MAX_DEPTH} levels")
     try:  # what the store will write: UTF-8 JSON, so no lone surrogates and no NaN
-        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = json.dumps(
+            payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
         raise WireError(f"{where}.payload: a string holds a lone surrogate (not Unicode)") from None
@@ -117,7 +129,9 @@ def parse_event(raw: Any, where: str) -> WireEvent:
         raise WireError(f"{where}.payload: NaN and Infinity are not JSON numbers") from None
     if size > MAX_PAYLOAD_BYTES:
         raise WireError(f"{where}.payload: larger than {MAX_PAYLOAD_BYTES} bytes")
-    return WireEvent(kind, float(observed), node, gpu, job_id, payload)
+    if not text.isascii():  # the store's spelling escapes non-ASCII (store.values)
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return WireEvent(kind, float(observed), node, gpu, job_id, payload, text)
 
 
 def parse_batch(body: bytes) -> list[WireEvent]:

@@ -31,7 +31,7 @@ from slurm_recovery.controller.loop import core_evidence
 from slurm_recovery.decide.detect import is_fatal_node_event
 from slurm_recovery.decide.model import ClusterView, FaultClass, IncidentKind
 from slurm_recovery.holdmark import requeued_by_tool
-from slurm_recovery.store import Store, StoreError
+from slurm_recovery.store import NodeReport, Store, StoreError
 
 if TYPE_CHECKING:
     from slurm_recovery.controller.service import Controller
@@ -246,9 +246,12 @@ def nodes_view(
     catalogue: Any,
     now: float,
     only: str | None = None,
+    reports: Mapping[str, NodeReport] | None = None,
 ) -> list[dict[str, Any]]:
     """Every node Slurm shows or the tool has a record of (or only ``only``), in name order,
-    as :func:`views.node_item` puts it together. A handful of queries for all nodes at once."""
+    as :func:`views.node_item` puts it together. A handful of queries for all nodes at once.
+    ``reports``: the sidecars' reports as the controller holds them (controller.reports),
+    fresher than the store's, which is written every ``reports.FLUSH_INTERVAL``."""
     if only is not None:
         state = store.get_node(only)
         states = {only: state} if state is not None else {}
@@ -265,7 +268,8 @@ def nodes_view(
     for record in store.latest_findings(node=only):
         findings.setdefault(record.evidence.node or "", []).append(views.evidence_json(record))
     excluded = excluding_jobs(view)
-    reports = store.node_reports(node=only)
+    if reports is None:
+        reports = store.node_reports(node=only)
     ordered = hostlist.expand(hostlist.compress(names)) if names else []
     return [
         views.node_item(
@@ -333,9 +337,14 @@ def lemon_scores(store: Store, catalogue: Any, now: float) -> dict[str, float]:
 
 
 def node_detail(
-    store: Store, view: ClusterView | None, catalogue: Any, now: float, name: str
+    store: Store,
+    view: ClusterView | None,
+    catalogue: Any,
+    now: float,
+    name: str,
+    reports: Mapping[str, NodeReport] | None = None,
 ) -> dict[str, Any]:
-    found = nodes_view(store, view, catalogue, now, only=name)
+    found = nodes_view(store, view, catalogue, now, only=name, reports=reports)
     if not found:
         raise NotFound(
             f"no node {name}: Slurm does not show it and the tool has no record of it "
@@ -410,7 +419,13 @@ def routes(controller: Controller) -> list[web.RouteDef]:
             _no_params(request.query)
             shown = view()
             return {
-                "nodes": nodes_view(store, shown, controller.catalogue, time.time()),
+                "nodes": nodes_view(
+                    store,
+                    shown,
+                    controller.catalogue,
+                    time.time(),
+                    reports=controller.reports.reports(),
+                ),
                 "slurm_seen_at": views.iso(shown.now) if shown is not None else None,
                 "lemon": lemon_parameters(),
             }
@@ -421,7 +436,14 @@ def routes(controller: Controller) -> list[web.RouteDef]:
         def read(store: Store) -> Any:
             _no_params(request.query)
             name = parse_node(request.match_info["name"], "node")
-            return node_detail(store, view(), controller.catalogue, time.time(), name)
+            return node_detail(
+                store,
+                view(),
+                controller.catalogue,
+                time.time(),
+                name,
+                reports=controller.reports.reports(name),
+            )
 
         return await _serve(controller, request, read)
 

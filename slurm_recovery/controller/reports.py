@@ -1,10 +1,12 @@
 """When each node's sidecar was last heard from, what it said, and the silences the loop records.
 
-A sidecar's periodic ``sidecar_status`` is state, not an event: the ingest keeps each node's
-latest in the store's ``node_reports`` (one row per node, replaced in place) and stores a status
-as evidence only when its :func:`status_condition` changed (the first report, a source that
-fails or recovers, drops, a restarted or upgraded sidecar, a GPU lost), so a quiet cluster's
-store does not grow with nodes x time (docs/performance.md).
+A sidecar's periodic ``sidecar_status`` is state, not an event: the controller keeps each
+node's latest in memory (:class:`LastReports`, written to the store's ``node_reports``, one row
+per node, every :data:`FLUSH_INTERVAL`) and stores a status as evidence only when its
+:func:`status_condition` changed (the first report, a source that fails or recovers, drops, a
+restarted or upgraded sidecar, a GPU lost), so a quiet cluster's store does not grow with
+nodes x time, and a status signed in a session that changes nothing is answered without
+leaving the HTTP thread (docs/performance.md).
 
 The ingest also notes every batch a sidecar delivers (:meth:`LastReports.heard`); the
 loop reads the table each pass and records a ``sidecar_silent`` finding for each node that runs
@@ -19,12 +21,12 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.silence import KIND, SOURCE, jobs_by_node, new_silences
-from slurm_recovery.store import Evidence, Store
+from slurm_recovery.store import Evidence, NodeReport, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,9 @@ log = logging.getLogger(__name__)
 STATUS_KIND = "sidecar_status"
 #: How far back the store is read at start (older reports say nothing of a sidecar now).
 SEED_HORIZON = 86400.0
+#: How often the reports of statuses that changed nothing are written to the store, s (what
+#: ``srecovery nodes`` shows is flushed first, so it is never staler than that).
+FLUSH_INTERVAL = 30.0
 #: Per-GPU readings that say what a GPU is, not how busy or warm it is this minute.
 GPU_CONDITION_KEYS = ("lost", "conditions")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -78,25 +83,40 @@ def status_condition(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class LastReports:
-    """node -> when its sidecar was last heard from (the controller's clock). Written by the
-    ingest thread, read by the loop's: one lock, held for a dictionary update or copy."""
+    """Each node's sidecar as last heard: when (the controller's clock), and its latest status
+    report (:class:`NodeReport`). Held in memory and written to the store's ``node_reports``
+    when a status changes the node's condition (with that status, stored as evidence) and
+    every :data:`FLUSH_INTERVAL` otherwise (:meth:`flush`), so a status that changes nothing
+    costs no write at all. The ingest (the HTTP thread's fast path and the ingest thread)
+    writes, the loop and the readers read: one lock, held for a dictionary update or copy.
+
+    A change is judged by :meth:`judge` on the ingest thread only, in the transaction that
+    stores it, and applied here by :meth:`settle` once that transaction committed; until
+    then the node is "in flight" and :meth:`note_unchanged` (the fast path) leaves its
+    statuses to the ingest thread, so none is judged against a report about to change."""
 
     def __init__(self) -> None:
         self._heard: dict[str, float] = {}
+        self._reports: dict[str, NodeReport] = {}
+        self._dirty: set[str] = set()
+        self._in_flight: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def seed(self, store: Store, now: float) -> None:
-        """The nodes whose sidecars reported in the last day, as heard from ``now``
-        (the controller's start): their silence is counted from it, not from their last
-        status. After an outage longer than the grace, every sidecar still alive delivers its
-        queue within seconds of the controller's return; one that died meanwhile says nothing,
-        and is a finding a grace after the start."""
+        """The reports the store holds, and the nodes whose sidecars reported in the last day
+        as heard from ``now`` (the controller's start): their silence is counted from it, not
+        from their last status. After an outage longer than the grace, every sidecar still
+        alive delivers its queue within seconds of the controller's return; one that died
+        meanwhile says nothing, and is a finding a grace after the start."""
         since = max(0.0, now - SEED_HORIZON)
-        # node_reports; and the status events of a store written before it (schema 5)
-        found = set(store.node_reports(since=since)) | set(
+        reports = store.node_reports()
+        # and the status events of a store written before node_reports (schema 5)
+        found = {node for node, r in reports.items() if r.heard_at >= since} | set(
             store.latest_by_node(STATUS_KIND, since=since)
         )
         with self._lock:
+            for node, report in reports.items():
+                self._reports.setdefault(node, report)
             for node in found:
                 self._heard.setdefault(node, now)
 
@@ -108,6 +128,104 @@ class LastReports:
     def snapshot(self) -> dict[str, float]:
         with self._lock:
             return dict(self._heard)
+
+    def reports(self, node: str | None = None) -> dict[str, NodeReport]:
+        """node -> its report (all nodes, or only ``node``)."""
+        with self._lock:
+            if node is None:
+                return dict(self._reports)
+            report = self._reports.get(node)
+            return {node: report} if report is not None else {}
+
+    def note_unchanged(self, status: Evidence, condition: dict[str, Any], heard: float) -> bool:
+        """The fast path: True when ``status`` changes nothing about its node (its condition
+        equals the current report's, or it is older than that report: a backlog delivered
+        late), after making it the node's report. False when it must be judged on the ingest
+        thread: the node's first report, a change, or a change of the node still in flight."""
+        node = str(status.node)
+        with self._lock:
+            current = self._reports.get(node)
+            if current is None or node in self._in_flight:
+                return False
+            if status.observed_at < current.observed_at:
+                return True
+            if condition != current.condition:
+                return False
+            self._reports[node] = _quiet(current, status, heard)
+            self._dirty.add(node)
+            return True
+
+    def judge(
+        self,
+        status: Evidence,
+        condition: dict[str, Any],
+        heard: float,
+        pending: dict[str, NodeReport],
+    ) -> NodeReport | None:
+        """On the ingest thread: ``status``'s new report when it changes its node's condition
+        (against ``pending``, this transaction's changes, then the current report), else None
+        after noting it as :meth:`note_unchanged` does. A change goes into ``pending`` and the
+        node is in flight until :meth:`settle`."""
+        node = str(status.node)
+        with self._lock:
+            current = pending.get(node) or self._reports.get(node)
+            if current is not None and status.observed_at < current.observed_at:
+                return None
+            if current is not None and condition == current.condition:
+                if node in pending:
+                    pending[node] = _quiet(current, status, heard)
+                else:
+                    self._reports[node] = _quiet(current, status, heard)
+                    self._dirty.add(node)
+                return None
+            report = NodeReport(
+                node, heard, status.observed_at, heard, 1, condition, status.payload_json
+            )
+            if node not in pending:
+                self._in_flight[node] = self._in_flight.get(node, 0) + 1
+            pending[node] = report
+            return report
+
+    def settle(self, changes: Iterable[NodeReport], *, committed: bool) -> None:
+        """The transaction that stored ``changes`` (:meth:`judge`'s ``pending``, one report
+        a node) ended: committed, they are the nodes' reports now; rolled back, the nodes
+        keep theirs, and the sender's retry is judged again."""
+        with self._lock:
+            for report in changes:
+                left = self._in_flight.get(report.node, 1) - 1
+                if left > 0:
+                    self._in_flight[report.node] = left
+                else:
+                    self._in_flight.pop(report.node, None)
+                if committed:
+                    self._reports[report.node] = report
+                    self._dirty.add(report.node)
+
+    def flush(self, store: Store) -> int:
+        """Write the reports changed since the last flush to the store (one statement);
+        what fails to be written stays to be written next time. Returns the rows written."""
+        with self._lock:
+            dirty = [self._reports[node] for node in self._dirty]
+            self._dirty = set()
+        try:
+            return store.save_node_reports(dirty)
+        except StoreError:
+            with self._lock:
+                self._dirty.update(r.node for r in dirty)
+            raise
+
+
+def _quiet(current: NodeReport, status: Evidence, heard: float) -> NodeReport:
+    """``current`` after a status that changed nothing: heard again, the status's readings."""
+    return NodeReport(
+        current.node,
+        max(heard, current.heard_at),
+        status.observed_at,
+        current.changed_at,
+        current.reports + 1,
+        current.condition,
+        status.payload_json,
+    )
 
 
 def record_silences(

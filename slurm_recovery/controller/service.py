@@ -33,12 +33,17 @@ from slurm_recovery.controller.checkpointer import Checkpointer
 from slurm_recovery.controller.loop import Reconciler, StepDone
 from slurm_recovery.controller.metrics import Metrics, ReadAtScrape
 from slurm_recovery.controller.nodelisting import NodeListing
-from slurm_recovery.controller.reports import STATUS_KIND, LastReports, status_condition
+from slurm_recovery.controller.reports import (
+    FLUSH_INTERVAL,
+    STATUS_KIND,
+    LastReports,
+    status_condition,
+)
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import load_policy
 from slurm_recovery.scheduler import Node, Scheduler, SchedulerError, Unreachable, open_scheduler
 from slurm_recovery.signals.xid import load_xid_catalogue
-from slurm_recovery.store import Evidence, Store, StoreError
+from slurm_recovery.store import Evidence, NodeReport, Store, StoreError
 from slurm_recovery.store.store import ROUTINE_EVIDENCE
 
 log = logging.getLogger("srecovery.controller")
@@ -47,6 +52,9 @@ T = TypeVar("T")
 #: One evidence request as stored: the evidence ids, whether any of it wakes the loop, and how
 #: many events it held (a sidecar status that changed nothing is accepted but not stored).
 Ingested = tuple[list[int], bool, int]
+
+#: An evidence request checked (authenticated, parsed, authorized): who sent it, and what.
+Checked = tuple[requests.Principal, list[Evidence]]
 
 #: Role assumed for every request when authentication is off (development only).
 INSECURE_ROLE_HEADER = "X-SRecovery-Role"
@@ -215,10 +223,13 @@ class Controller:
         self.reconciler: Reconciler | None = None
         self._wake = asyncio.Event()
         #: evidence requests waiting for the next group commit (see _ingest_grouped)
-        self._ingest_queue: list[tuple[web.Request, bytes, asyncio.Future[Any]]] = []
+        self._ingest_queue: list[
+            tuple[web.Request, bytes, Checked | None, asyncio.Future[Any]]
+        ] = []
         self._ingest_flushing = False
         self._ingest_task: asyncio.Task[None] | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._flush_task: asyncio.Task[None] | None = None
         self.started_at = time.time()
         self._next_prune = 0.0  # retention: the first pass prunes, then once an hour
         self._lemons_due = 0.0  # /metrics: when the lemon scores are read again
@@ -257,17 +268,35 @@ class Controller:
         assert self.node_listing is not None
         self.node_listing.start()
         self._loop_task = asyncio.create_task(self._run_loop())
+        self._flush_task = asyncio.create_task(self._flush_reports_every(FLUSH_INTERVAL))
         if self.insecure:
             log.critical(requests.INSECURE_NO_AUTH_WARNING)
 
     async def stop(self, app: web.Application) -> None:
         if self._loop_task:
             self._loop_task.cancel()
+        if self._flush_task:
+            self._flush_task.cancel()
+            await self._flush_reports()  # the reports held in memory, for the next start
         if self.node_listing:
             self.node_listing.stop()
         self.ingest.pool.shutdown(wait=True)
         self.loop_worker.pool.shutdown(wait=True)
         self.checkpointer.stop()
+
+    async def _flush_reports_every(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await self._flush_reports()
+
+    async def _flush_reports(self) -> None:
+        """Write the sidecars' reports that changed in memory only (controller.reports); a
+        store that cannot be written keeps them for the next try: a report is state, and
+        the statuses that changed a node's condition are stored as evidence already."""
+        try:
+            await self.ingest.run(lambda: self.reports.flush(self.ingest.store()))
+        except StoreError as exc:
+            log.warning("sidecar reports not written to the store (kept; tried again): %s", exc)
 
     async def _run_loop(self) -> None:
         interval = self.config.controller.loop_interval
@@ -401,7 +430,13 @@ class Controller:
             )
         body = await request.read()
         try:
-            ids, urgent, accepted = await self._ingest_grouped(request, body)
+            checked = self._checked_here(request, body)
+            if checked is not None and self._unchanged_status(*checked):
+                # a status that changes nothing: answered here, nothing to store
+                self.metrics.ingest_events.inc()
+                self.metrics.ingest_latency.observe(time.monotonic() - started)
+                return web.json_response({"accepted": 1, "ids": []}, status=202)
+            ids, urgent, accepted = await self._ingest_grouped(request, body, checked)
         except requests.AuthError as err:
             return self._refuse(err)
         except WireError as err:
@@ -466,15 +501,41 @@ class Controller:
             "ttl": self.sessions.ttl,
         }
 
-    async def _ingest_grouped(self, request: web.Request, body: bytes) -> Ingested:
+    def _checked_here(self, request: web.Request, body: bytes) -> Checked | None:
+        """A request signed in a session, checked on the HTTP thread: its HMAC costs
+        microseconds, so the status that most requests carry never waits for the ingest
+        thread. None for the others: a MUNGE credential is a round trip to munged, made on the
+        ingest thread (``_checked``)."""
+        if self.insecure or not sessions.is_session(request.headers.get("Authorization")):
+            return None
+        return self._checked(request, body)
+
+    def _unchanged_status(self, principal: requests.Principal, evidence: list[Evidence]) -> bool:
+        """Whether the request is one sidecar status that changes nothing about its node
+        (controller.reports): the node's report is updated in memory, and nothing is stored."""
+        if principal.role != "sidecar" or len(evidence) != 1:
+            return False
+        status = evidence[0]
+        if status.kind != STATUS_KIND or status.node is None:
+            return False
+        now = time.time()
+        if not self.reports.note_unchanged(status, status_condition(status.payload), now):
+            return False
+        self.reports.heard(status.node, now)
+        return True
+
+    async def _ingest_grouped(
+        self, request: web.Request, body: bytes, checked: Checked | None = None
+    ) -> Ingested:
         """Group commit: the requests that arrive while one transaction is being committed
         are stored together in the next one, so one fsync covers them all (a durable commit
         costs milliseconds on most disks, which would cap ingest at a few hundred requests a
         second). Each request is still checked on its own and answered only once its rows are
         on disk; one refused request never affects the others. Returns the evidence ids, and
-        whether any of it is urgent (not in ROUTINE_KINDS), and how many events it held."""
+        whether any of it is urgent (not in ROUTINE_KINDS), and how many events it held.
+        ``checked``: the request as ``_checked_here`` already checked it."""
         done: asyncio.Future[Ingested] = asyncio.get_running_loop().create_future()
-        self._ingest_queue.append((request, body, done))
+        self._ingest_queue.append((request, body, checked, done))
         if not self._ingest_flushing:
             self._ingest_flushing = True
             self._ingest_task = asyncio.create_task(self._flush_ingest())
@@ -485,12 +546,10 @@ class Controller:
             while self._ingest_queue:
                 group, self._ingest_queue = self._ingest_queue, []
                 try:
-                    results = await self.ingest.run(
-                        self._ingest_many, [(request, body) for request, body, _ in group]
-                    )
+                    results = await self.ingest.run(self._ingest_many, [item[:3] for item in group])
                 except Exception as exc:  # the commit itself failed: nothing was stored
                     results = [exc] * len(group)
-                for (_, _, done), result in zip(group, results, strict=True):
+                for (*_, done), result in zip(group, results, strict=True):
                     if done.done():
                         continue
                     if isinstance(result, BaseException):
@@ -500,33 +559,47 @@ class Controller:
         finally:
             self._ingest_flushing = False
 
-    def _ingest_many(self, items: list[tuple[web.Request, bytes]]) -> list[Ingested | Exception]:
-        """Check each request, then store the accepted ones in one transaction (each in its own
-        savepoint); per request, its evidence ids or the exception that refused it."""
-        checked: list[tuple[requests.Principal, list[Evidence]] | Exception] = []
-        for request, body in items:
+    def _ingest_many(
+        self, items: list[tuple[web.Request, bytes, Checked | None]]
+    ) -> list[Ingested | Exception]:
+        """Check each request (unless checked already), then store the accepted ones in one
+        transaction (each in its own savepoint); per request, its evidence ids or the
+        exception that refused it. The statuses that change their node's report are applied
+        to the in-memory reports once the transaction has committed."""
+        checked: list[Checked | Exception] = []
+        for request, body, already in items:
             try:
-                checked.append(self._checked(request, body))
+                checked.append(already if already is not None else self._checked(request, body))
             except Exception as exc:
                 checked.append(exc)
         if all(isinstance(c, Exception) for c in checked):
             return checked  # type: ignore[return-value]
         store = self.ingest.store()
         results: list[Ingested | Exception] = []
-        with store.transaction():
-            for item in checked:
-                if isinstance(item, Exception):
-                    results.append(item)
-                    continue
-                try:
-                    with store.transaction():
-                        ids = self._store_evidence(store, *item)
-                    urgent = any(wakes_the_loop(e) for e in item[1])
-                    results.append((ids, urgent, len(item[1])))
-                    if item[0].role == "sidecar" and item[0].node:
-                        self.reports.heard(item[0].node, time.time())
-                except StoreError as exc:
-                    results.append(exc)
+        changes: dict[str, NodeReport] = {}  # node -> its report changed in this transaction
+        try:
+            with store.transaction():
+                for item in checked:
+                    if isinstance(item, Exception):
+                        results.append(item)
+                        continue
+                    before = dict(changes)
+                    try:
+                        with store.transaction():
+                            ids = self._store_evidence(store, *item, changes)
+                        urgent = any(wakes_the_loop(e) for e in item[1])
+                        results.append((ids, urgent, len(item[1])))
+                        if item[0].role == "sidecar" and item[0].node:
+                            self.reports.heard(item[0].node, time.time())
+                    except StoreError as exc:  # its savepoint rolled back: its changes too
+                        results.append(exc)
+                        undone = [r for node, r in changes.items() if node not in before]
+                        self.reports.settle(undone, committed=False)
+                        changes = before
+        except BaseException:
+            self.reports.settle(changes.values(), committed=False)
+            raise
+        self.reports.settle(changes.values(), committed=True)
         return results
 
     def _checked(
@@ -561,19 +634,28 @@ class Controller:
         return True
 
     def _store_evidence(
-        self, store: Store, principal: requests.Principal, evidence: list[Evidence]
+        self,
+        store: Store,
+        principal: requests.Principal,
+        evidence: list[Evidence],
+        changes: dict[str, NodeReport],
     ) -> list[int]:
-        """Store the request's evidence; a sidecar's status updates its node's report and is
-        stored as evidence only when its condition changed (controller.reports)."""
+        """Store the request's evidence. A sidecar's status is its node's report
+        (controller.reports), stored as evidence (and its report written) only when it
+        changes the node's condition; ``changes`` collects those reports, which the caller
+        settles once its transaction has ended (``_ingest_many``)."""
         if principal.role == "sidecar":
             heard = time.time()
-            evidence = [
-                e
-                for e in evidence
-                if e.kind != STATUS_KIND
-                or e.node is None
-                or store.note_status(e, status_condition(e.payload), heard)
-            ]
+            kept: list[Evidence] = []
+            for e in evidence:
+                if e.kind != STATUS_KIND or e.node is None:
+                    kept.append(e)
+                    continue
+                report = self.reports.judge(e, status_condition(e.payload), heard, changes)
+                if report is not None:
+                    store.save_node_reports([report])
+                    kept.append(e)
+            evidence = kept
         if not evidence:
             return []
         ids = store.add_evidence(evidence)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from slurm_recovery.contract.wire import WireError, WireEvent
@@ -60,19 +61,35 @@ class Evidence:
 
     @classmethod
     def from_wire(cls, event: WireEvent, source: str) -> Evidence:
-        """An event as a sender sent it, from ``source`` (the sender's authenticated role)."""
-        try:
-            return cls(
-                source=source,
-                kind=event.kind,
-                observed_at=event.observed_at,
-                node=event.node,
-                gpu=event.gpu,
-                payload=event.payload,
-                job_id=event.job_id,
-            )
-        except (TypeError, ValueError) as exc:
-            raise WireError(str(exc)) from exc
+        """An event as a sender sent it, from ``source`` (the sender's authenticated role).
+        An event :func:`~slurm_recovery.contract.wire.parse_event` checked (its fields are
+        stricter than these, its payload came from JSON and is already encoded) is taken as
+        it is: the ingest does this for every report, and checking twice cost a third of it."""
+        if not event.payload_json:
+            try:
+                return cls(
+                    source=source,
+                    kind=event.kind,
+                    observed_at=event.observed_at,
+                    node=event.node,
+                    gpu=event.gpu,
+                    payload=event.payload,
+                    job_id=event.job_id,
+                )
+            except (TypeError, ValueError) as exc:
+                raise WireError(str(exc)) from exc
+        check_text(source, "Evidence.source")
+        return cls._trusted(
+            source,
+            event.kind,
+            event.observed_at,
+            event.node,
+            event.gpu,
+            None,
+            event.payload,
+            event.payload_json,
+            event.job_id,
+        )
 
     @classmethod
     def stored(
@@ -88,6 +105,31 @@ class Evidence:
     ) -> Evidence:
         """Evidence read back from the store: checked when it was written, so not checked
         (nor its payload re-encoded) again; reading a window of evidence stays cheap."""
+        return cls._trusted(
+            source,
+            kind,
+            observed_at,
+            node,
+            gpu,
+            attempt_id,
+            json.loads(payload_json),
+            payload_json,
+            job_id,
+        )
+
+    @classmethod
+    def _trusted(
+        cls,
+        source: str,
+        kind: str,
+        observed_at: float,
+        node: str | None,
+        gpu: int | None,
+        attempt_id: int | None,
+        payload: Mapping[str, Any],
+        payload_json: str,
+        job_id: int | None,
+    ) -> Evidence:
         evidence = object.__new__(cls)
         for name, value in (
             ("source", source),
@@ -96,7 +138,7 @@ class Evidence:
             ("node", node),
             ("gpu", gpu),
             ("attempt_id", attempt_id),
-            ("payload", json.loads(payload_json)),
+            ("payload", payload),
             ("job_id", job_id),
             ("_payload_json", payload_json),
         ):
@@ -224,7 +266,13 @@ class NodeReport:
     changed_at: float
     reports: int
     condition: dict[str, Any]
-    payload: dict[str, Any]
+    #: the last status's payload as the store writes it (canonical JSON): a controller holds
+    #: every node's report in memory, and a string is a tenth of the size of its objects
+    payload_json: str
+
+    @cached_property
+    def payload(self) -> dict[str, Any]:
+        return json.loads(self.payload_json)  # type: ignore[no-any-return]
 
 
 #: The modes an override may set (the policy's ``mode`` values).

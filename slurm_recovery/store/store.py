@@ -764,42 +764,32 @@ class Store:
 
     # ------------------------------------------------------------ sidecar status as state
 
-    def note_status(self, status: Evidence, condition: Mapping[str, Any], heard_at: float) -> bool:
-        """Make ``status`` (a node's ``sidecar_status``) that node's current report. Returns
-        True when it is news: the node's first report, or its ``condition`` differs from the
-        last one's (the caller then stores it as evidence too). A status older than the one
-        held (a backlog delivered out of order) changes nothing and is not news."""
-        if status.node is None:
-            raise ValueError("a status names its node")
-        condition_json = check_payload(condition, "condition")
-        heard = check_time(heard_at, "heard_at")
-        with self._tx(write=True) as conn:
-            row = conn.execute(
-                "SELECT observed_at, condition FROM node_reports WHERE node = ?", (status.node,)
-            ).fetchone()
-            if row is not None and status.observed_at < row[0]:
-                return False
-            changed = row is None or row[1] != condition_json
-            if changed:
-                conn.execute(
-                    "INSERT OR REPLACE INTO node_reports (node, heard_at, observed_at, "
-                    "changed_at, reports, condition, payload) VALUES (?, ?, ?, ?, 1, ?, ?)",
-                    (
-                        status.node,
-                        heard,
-                        status.observed_at,
-                        heard,
-                        condition_json,
-                        status.payload_json,
-                    ),
-                )
-            else:
-                conn.execute(
-                    "UPDATE node_reports SET heard_at = ?, observed_at = ?, reports = reports + 1,"
-                    " payload = ? WHERE node = ?",
-                    (heard, status.observed_at, status.payload_json, status.node),
-                )
-        return changed
+    def save_node_reports(self, reports: Iterable[NodeReport]) -> int:
+        """Write each node's report (``node_reports``: one row per node, replaced), as the
+        controller's in-memory table (controller.reports) has them; one statement for all.
+        Not durable on its own: the change it records is durable as evidence, and a later
+        checkpoint or commit makes the rest durable (``_tx``). Returns the rows written."""
+        rows = [
+            (
+                check_text(r.node, "NodeReport.node"),
+                check_time(r.heard_at, "NodeReport.heard_at"),
+                check_time(r.observed_at, "NodeReport.observed_at"),
+                check_time(r.changed_at, "NodeReport.changed_at"),
+                check_int(r.reports, "NodeReport.reports", minimum=1),
+                check_payload(r.condition, "NodeReport.condition"),
+                check_text(r.payload_json, "NodeReport.payload_json"),
+            )
+            for r in reports
+        ]
+        if not rows:
+            return 0
+        with self._tx(write=True, durable=False) as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO node_reports (node, heard_at, observed_at, changed_at, "
+                "reports, condition, payload) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+        return len(rows)
 
     def node_reports(
         self, *, node: str | None = None, since: float | None = None
@@ -818,7 +808,7 @@ class Store:
                 f"FROM node_reports {where} ORDER BY node",
                 args,
             ).fetchall()
-        return {row[0]: NodeReport(*row[:5], _loads(row[5]), _loads(row[6])) for row in rows}
+        return {row[0]: NodeReport(*row[:5], _loads(row[5]), row[6]) for row in rows}
 
     def latest_by_node(self, kind: str, *, since: float | None = None) -> dict[str, float]:
         """node -> when its latest evidence of ``kind`` was observed (``since``: only evidence

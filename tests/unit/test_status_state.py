@@ -5,9 +5,11 @@ stored as evidence, so a quiet cluster's store does not grow with nodes x time."
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,7 +17,7 @@ from slurm_recovery.contract.requests import Principal
 from slurm_recovery.controller.reports import LastReports, status_condition
 from slurm_recovery.controller.service import Controller
 from slurm_recovery.controller.views import sidecar_json
-from slurm_recovery.store import Evidence, Store
+from slurm_recovery.store import Evidence, NodeReport, Store, StoreError
 from tests.unit.test_controller_seams import config
 
 T0 = 1_700_000_000.0
@@ -128,79 +130,175 @@ def test_any_payload_has_a_condition(body: dict[str, Any]):
     assert isinstance(status_condition(body), dict)
 
 
-# ---------------------------------------------------------------- the store
+# ---------------------------------------------------------------- the reports
 
 
-def test_only_news_is_stored_and_the_report_is_always_current(tmp_path: Path):
-    store = Store.open(tmp_path / "state.db")
+def note(reports: LastReports, at: float, body: dict[str, Any], heard: float) -> NodeReport | None:
+    """One status through the ingest thread's path, its transaction committed."""
+    changes: dict[str, NodeReport] = {}
+    report = reports.judge(status(at, body), status_condition(body), heard, changes)
+    reports.settle(changes.values(), committed=True)
+    return report
+
+
+def test_only_news_is_a_change_and_the_report_is_always_current(tmp_path: Path):
+    reports = LastReports()
     body = payload()
-    assert store.note_status(status(T0, body), status_condition(body), T0 + 0.1)
+    assert note(reports, T0, body, T0 + 0.1) is not None  # the first report
     for i in range(1, 100):
         quiet = payload(queued=i)
-        assert not store.note_status(
-            status(T0 + 60 * i, quiet), status_condition(quiet), T0 + 60 * i
-        )
-    report = store.node_reports()["n1"]
+        if i % 2:  # the HTTP thread's fast path and the ingest thread's agree
+            assert reports.note_unchanged(
+                status(T0 + 60 * i, quiet), status_condition(quiet), T0 + 60 * i
+            )
+        else:
+            assert note(reports, T0 + 60 * i, quiet, T0 + 60 * i) is None
+    report = reports.reports()["n1"]
     assert report.heard_at == T0 + 60 * 99 and report.observed_at == T0 + 60 * 99
     assert report.changed_at == T0 + 0.1 and report.reports == 100
     assert report.payload["queued"] == 99  # the last status in full
 
     dropping = payload(dropped=5)
-    assert store.note_status(status(T0 + 6000, dropping), status_condition(dropping), T0 + 6000)
-    report = store.node_reports(node="n1")["n1"]
+    assert not reports.note_unchanged(
+        status(T0 + 6000, dropping), status_condition(dropping), T0 + 6000
+    )
+    assert note(reports, T0 + 6000, dropping, T0 + 6000) is not None
+    report = reports.reports("n1")["n1"]
     assert report.changed_at == T0 + 6000 and report.reports == 1
     # a backlog's older status, delivered late, neither replaces the report nor is news
-    assert not store.note_status(status(T0 + 10, body), status_condition(body), T0 + 6001)
-    assert store.node_reports()["n1"].payload["dropped"] == 5
+    assert note(reports, T0 + 10, body, T0 + 6001) is None
+    assert reports.note_unchanged(status(T0 + 11, body), status_condition(body), T0 + 6001)
+    assert reports.reports()["n1"].payload["dropped"] == 5
+
+    store = Store.open(tmp_path / "state.db")
+    assert reports.flush(store) == 1
+    assert store.node_reports()["n1"] == reports.reports()["n1"]
+    assert reports.flush(store) == 0  # nothing new since
     assert store.node_reports(since=T0 + 7000) == {}
 
 
-def test_a_restarted_controller_counts_silence_for_nodes_known_by_report(tmp_path: Path):
+def test_a_change_in_flight_is_judged_on_the_ingest_thread_alone():
+    """While a change waits for its transaction, the fast path answers nothing about its node
+    (it would judge against the report about to be replaced); a change rolled back leaves
+    the report as it was, so the sender's retry is a change again and is stored."""
+    reports = LastReports()
+    body = payload()
+    note(reports, T0, body, T0)
+    failing = payload(dropped=1)
+    changes: dict[str, NodeReport] = {}
+    assert reports.judge(status(T0 + 10, failing), status_condition(failing), T0 + 10, changes)
+    assert not reports.note_unchanged(status(T0 + 11, body), status_condition(body), T0 + 11)
+    # a second status of the node in the same transaction is judged against the first
+    assert (
+        reports.judge(status(T0 + 12, failing), status_condition(failing), T0 + 12, changes) is None
+    )
+    assert changes["n1"].reports == 2
+    reports.settle(changes.values(), committed=False)
+    assert reports.reports()["n1"].condition == status_condition(body)
+    assert not reports.note_unchanged(status(T0 + 20, failing), status_condition(failing), T0 + 20)
+    assert note(reports, T0 + 20, failing, T0 + 20) is not None
+    assert reports.note_unchanged(status(T0 + 30, failing), status_condition(failing), T0 + 30)
+
+
+def test_a_report_not_written_is_written_by_the_next_flush(tmp_path: Path):
+    reports = LastReports()
+    note(reports, T0, payload(), T0)
     store = Store.open(tmp_path / "state.db")
-    store.note_status(status(T0, payload(), node="n3"), status_condition(payload()), T0)
+    store.close()
+    with pytest.raises(StoreError):
+        reports.flush(store)
+    store = Store.open(tmp_path / "state.db")
+    assert reports.flush(store) == 1 and "n1" in store.node_reports()
+
+
+def test_a_restarted_controller_knows_the_reports_and_counts_silence_from_its_start(
+    tmp_path: Path,
+):
+    store = Store.open(tmp_path / "state.db")
+    before = LastReports()
+    note(before, T0, payload(), T0)
+    before.flush(store)
     reports = LastReports()
     reports.seed(store, T0 + 600)
-    assert reports.snapshot() == {"n3": T0 + 600}
+    assert reports.snapshot() == {"n1": T0 + 600}
+    # the condition it held is the one a quiet status is judged against: no news
+    assert reports.note_unchanged(
+        status(T0 + 610, payload()), status_condition(payload()), T0 + 610
+    )
+    # a report older than a day says nothing of a sidecar now: known, but not as heard
+    reports = LastReports()
+    reports.seed(store, T0 + 2 * 86400)
+    assert reports.snapshot() == {} and "n1" in reports.reports()
+
+
+def ingest(controller: Controller, principal: Principal, evidence: list[Evidence]) -> Any:
+    """Through the controller's ingest step, as a checked request reaches it."""
+    (result,) = controller._ingest_many([(None, b"", (principal, evidence))])  # type: ignore[list-item]
+    if isinstance(result, Exception):
+        raise result
+    return result[0]
 
 
 def test_the_ingest_stores_a_quiet_sidecars_status_once(tmp_path: Path):
-    """Through the controller's own ingest step, as a sidecar's request reaches it."""
     controller = Controller(config(tmp_path))
     sidecar = Principal(uid=0, gid=0, origin="127.0.0.1", role="sidecar", node="n1")
     store = controller.ingest.store()
-    first = controller._store_evidence(store, sidecar, [status(T0, payload())])
-    assert len(first) == 1
+    assert len(ingest(controller, sidecar, [status(T0, payload())])) == 1
     for i in range(1, 30):
         quiet = [status(T0 + 10 * i, payload(queued=i))]
-        assert controller._store_evidence(store, sidecar, quiet) == []
+        assert ingest(controller, sidecar, quiet) == []
     xid = Evidence("sidecar", "xid", T0 + 300, node="n1", gpu=0, payload={"xid": 79})
-    mixed = controller._store_evidence(store, sidecar, [status(T0 + 310, payload()), xid])
+    mixed = ingest(controller, sidecar, [status(T0 + 310, payload()), xid])
     assert len(mixed) == 1  # the XID; the status is no news
     kinds = [r.evidence.kind for r in store.find_evidence()]
     assert kinds == ["sidecar_status", "xid"]
-    assert store.node_reports()["n1"].reports == 31
+    assert controller.reports.reports()["n1"].reports == 31
+    assert store.node_reports()["n1"].reports == 1  # written with its change; the rest later
     # an operator's status (insecure development setups) is evidence as before
     operator = Principal(uid=0, gid=0, origin="127.0.0.1", role="operator", node=None)
-    assert len(controller._store_evidence(store, operator, [status(T0 + 320, payload())])) == 1
+    assert len(ingest(controller, operator, [status(T0 + 320, payload())])) == 1
 
 
-def test_the_node_view_says_when_the_sidecar_last_reported_and_changed(tmp_path: Path):
-    store = Store.open(tmp_path / "state.db")
+def test_a_change_whose_evidence_is_not_stored_is_a_change_again(tmp_path: Path, monkeypatch):
+    """The store refuses the status that changed the condition (a full disk): the sender is
+    told so (it keeps the status and sends it again), and the retry is stored, not taken
+    for a status that changes nothing."""
+    controller = Controller(config(tmp_path))
+    sidecar = Principal(uid=0, gid=0, origin="127.0.0.1", role="sidecar", node="n1")
+    store = controller.ingest.store()
+    ingest(controller, sidecar, [status(T0, payload())])
+    real = store.add_evidence
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("database or disk is full")
+
+    monkeypatch.setattr(store, "add_evidence", full)
+    with pytest.raises(StoreError):
+        ingest(controller, sidecar, [status(T0 + 10, payload(dropped=2))])
+    assert store.node_reports()["n1"].condition == status_condition(payload())
+    monkeypatch.setattr(store, "add_evidence", real)
+    assert len(ingest(controller, sidecar, [status(T0 + 20, payload(dropped=2))])) == 1
+    assert store.node_reports()["n1"].condition == status_condition(payload(dropped=2))
+
+
+def report_of(body: dict[str, Any], heard: float, changed: float, reports: int) -> NodeReport:
+    return NodeReport(
+        "n1", heard, heard, changed, reports, status_condition(body), json.dumps(body)
+    )
+
+
+def test_the_node_view_says_when_the_sidecar_last_reported_and_changed():
     body = payload()
     body["sources"] = {**body["sources"], "ib": "mlx5_0 port 1: counters unreadable"}
-    store.note_status(status(T0, body), status_condition(body), T0)
-    store.note_status(status(T0 + 60, body), status_condition(body), T0 + 60)
-    shown = sidecar_json(store.node_reports()["n1"], now=T0 + 75)
+    shown = sidecar_json(report_of(body, T0 + 60, T0, 2), now=T0 + 75)
     assert shown["silent_for"] == 15.0 and shown["reports_since_change"] == 2
     assert shown["problems"] == {"ib": "mlx5_0 port 1: counters unreadable"}
     assert shown["last_change"].startswith("2023-11-14T22:13:20")
 
 
-def test_the_node_view_of_an_oddly_shaped_status_is_no_crash(tmp_path: Path):
+def test_the_node_view_of_an_oddly_shaped_status_is_no_crash():
     """A newer or broken sidecar's status: the condition reads it (above), and so does the
     view that srecovery nodes shows."""
-    store = Store.open(tmp_path / "state.db")
     odd = payload(delivery="failing", sources=["kmsg"])
-    store.note_status(status(T0, odd), status_condition(odd), T0)
-    shown = sidecar_json(store.node_reports()["n1"], now=T0 + 1)
+    shown = sidecar_json(report_of(odd, T0, T0, 1), now=T0 + 1)
     assert shown["delivery_error"] == "" and shown["problems"] == {}

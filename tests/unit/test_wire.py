@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -54,6 +55,61 @@ def test_round_trip(kind, node, gpu, job_id, payload):
         node,
         parsed.payload,
     )
+    # taken as parsed, not checked and encoded again: the same evidence, spelled as the store
+    # spells it (non-ASCII text included)
+    built = Evidence("sidecar", kind, NOW, node=node, gpu=gpu, payload=payload, job_id=job_id)
+    assert stored == built and stored.payload_json == built.payload_json
+
+
+def nesting(value: object) -> int:
+    """How deep objects and lists nest (a bare payload is 1), by the definition."""
+    if isinstance(value, dict):
+        return 1 + max(map(nesting, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(nesting, value), default=0)
+    return 0
+
+
+deep_payloads = st.dictionaries(
+    st.text(max_size=2),
+    st.recursive(
+        json_scalars,
+        lambda c: st.lists(c, max_size=2) | st.dictionaries(st.text(max_size=2), c, max_size=2),
+        max_leaves=14,
+    ),
+    max_size=3,
+)
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1])
+@pytest.mark.parametrize("container", [dict, list])
+def test_the_nesting_limit_is_exact(levels, container):
+    payload: dict = {"readings": 1}
+    cursor: Any = payload
+    for _ in range(levels - 1):
+        inner: Any = container()
+        if isinstance(cursor, dict):
+            cursor["x"] = inner
+        else:
+            cursor.append(inner)
+        cursor = inner
+    assert nesting(payload) == levels
+    event = {"kind": "x", "observed_at": NOW, "payload": payload}
+    if levels > MAX_DEPTH:
+        with pytest.raises(WireError, match="nested deeper"):
+            parse_event(event, "e")
+    else:
+        parse_event(event, "e")
+
+
+@given(deep_payloads)
+def test_a_payload_nested_past_the_limit_and_only_that_is_refused(payload):
+    event = {"kind": "x", "observed_at": NOW, "payload": payload}
+    if nesting(payload) > MAX_DEPTH:
+        with pytest.raises(WireError, match="nested deeper"):
+            parse_event(event, "e")
+    else:
+        assert parse_event(event, "e").payload == payload
 
 
 @given(st.binary(max_size=300))
