@@ -4,7 +4,9 @@ Used by ``srecovery``, the hooks and the sidecars. Standard library HTTP: one re
 time is all a CLI needs. A sidecar's client (``sessions=True``) opens a session with one MUNGE
 credential and signs its reports with the session's key (``contract.sessions``); it opens a
 new one when the controller forgets it, and signs each request with MUNGE again when the
-controller offers no sessions.
+controller offers no sessions. It also keeps its connection open (``keep_alive=True``)
+between reports less than :data:`KEEP_ALIVE_IDLE` apart: a new TCP connection per report
+costs the controller about as much as the report itself (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import logging
 import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from typing import Any
 
 from slurm_recovery.contract import munge, requests, sessions
@@ -28,6 +30,11 @@ log = logging.getLogger(__name__)
 NO_SESSIONS_RETRY = 600.0
 #: A session is renewed this long before the controller's expiry.
 RENEW_MARGIN = 60.0
+#: A kept-alive connection idle this long is closed before the next request, and a new one
+#: opened: well inside the controller's own idle limit (aiohttp's 75 s), so a request never
+#: meets a connection the controller is closing, and a sidecar reporting once a minute (the
+#: default) holds no idle connection open on the controller between reports.
+KEEP_ALIVE_IDLE = 30.0
 
 
 class ClientError(Exception):
@@ -57,12 +64,18 @@ class ControllerClient:
         timeout: float = 10.0,
         ca_file: str | None = None,
         sessions: bool = False,
+        keep_alive: bool = False,
     ) -> None:
         """``insecure``: send no MUNGE credential (a controller started with
         --insecure-no-auth). ``ca_file``: the CAs trusted for an https:// ``url`` (None: the
         system's); the certificate and the host name are always verified. ``sessions``: sign a
-        sidecar's requests in a session (one MUNGE credential per session, not per request)."""
+        sidecar's requests in a session (one MUNGE credential per session, not per request).
+        ``keep_alive``: one connection for requests less than KEEP_ALIVE_IDLE apart."""
         self.url = url.rstrip("/")
+        self.keep_alive = keep_alive
+        self._conn: HTTPConnection | None = None
+        self._conn_used = 0.0  # time.monotonic() of its last answer
+        self._conn_lock = threading.Lock()
         self.munge_socket = munge_socket or None
         self.insecure = insecure
         self.timeout = timeout
@@ -190,37 +203,98 @@ class ControllerClient:
 
     def _send(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> Any:
         headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(
-            self.url + path,
-            data=body if method != "GET" else None,
-            method=method,
-            headers=headers,
-        )
-        tls = self.tls_context()
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=tls) as resp:
-                return json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as exc:
+        if not self.keep_alive:
+            headers["Connection"] = "close"
+        with self._conn_lock:
             try:
-                reason = json.loads(exc.read()).get("error", exc.reason)
-            except (ValueError, AttributeError):
-                reason = str(exc.reason)
-            raise ClientError(exc.code, reason) from exc
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, ssl.SSLCertVerificationError):
+                status, answer = self._exchange(method, path, body, headers)
+            except ssl.SSLCertVerificationError as exc:
                 raise ClientError(
                     0,
                     f"controller at {self.url}: its TLS certificate does not verify "
-                    f"({reason.verify_message}); set client.ca_file to the CA that issued it",
+                    f"({exc.verify_message}); set client.ca_file to the CA that issued it",
                 ) from exc
-            if isinstance(reason, ssl.SSLError):
+            except ssl.SSLError as exc:
                 raise ClientError(
                     0,
-                    f"controller at {self.url}: TLS failed ({reason}); does it serve TLS "
+                    f"controller at {self.url}: TLS failed ({exc}); does it serve TLS "
                     "(controller.tls_cert), and does client.url say https:// only then?",
                 ) from exc
-            raise ClientError(0, f"controller at {self.url} unreachable: {exc}") from exc
+            except (OSError, HTTPException) as exc:
+                raise ClientError(0, f"controller at {self.url} unreachable: {exc}") from exc
+        if status >= 400:
+            try:
+                reason = str(json.loads(answer).get("error"))
+            except (ValueError, AttributeError):
+                reason = answer.decode("utf-8", "replace")[:200] or f"HTTP {status}"
+            raise ClientError(status, reason)
+        return json.loads(answer or b"null")
+
+    def _exchange(
+        self, method: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        """One request and its whole answer, on the kept connection when there is one. A
+        kept connection that fails before an answer (the controller closed it meanwhile:
+        restarted, or idle past its limit) is replaced and the request sent once more; the
+        controller answers every request it read, so it has not seen this one."""
+        reused = self._connection()
+        try:
+            return self._round_trip(method, path, body, headers)
+        except (BrokenPipeError, ConnectionResetError):  # RemoteDisconnected: closed, no answer
+            if not reused:
+                raise
+        self._connection()
+        return self._round_trip(method, path, body, headers)
+
+    def _round_trip(
+        self, method: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        conn = self._conn
+        assert conn is not None
+        try:
+            conn.request(
+                method,
+                urllib.parse.urlsplit(self.url).path + path,
+                body=body if method != "GET" else None,
+                headers=headers,
+            )
+            resp = conn.getresponse()
+            answer = resp.read()
+        except BaseException:
+            self._close()
+            raise
+        if resp.will_close or not self.keep_alive:
+            self._close()
+        else:
+            self._conn_used = time.monotonic()
+        return resp.status, answer
+
+    def _connection(self) -> bool:
+        """Ensure a connection; True when it is a kept one (used before)."""
+        if self._conn is not None and time.monotonic() - self._conn_used < KEEP_ALIVE_IDLE:
+            return True
+        self._close()
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ClientError(0, f"controller url {self.url!r}: expected http(s)://HOST:PORT")
+        tls = self.tls_context()
+        if tls is not None:
+            self._conn = HTTPSConnection(
+                parts.hostname or "", parts.port, timeout=self.timeout, context=tls
+            )
+        else:
+            self._conn = HTTPConnection(parts.hostname or "", parts.port, timeout=self.timeout)
+        return False
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def close(self) -> None:
+        """Close the kept connection (a new request opens another)."""
+        with self._conn_lock:
+            self._close()
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
