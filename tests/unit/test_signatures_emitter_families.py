@@ -886,3 +886,63 @@ def test_an_mpi_launcher_s_report_of_a_lost_process_is_a_symptom() -> None:
         "(Segmentation fault)."
     )
     assert ids(verdict(segv)) == ["process.segfault"]
+
+
+# ---------------------------------------------------------------- kernel: older and rarer forms
+
+
+@settings(max_examples=30, deadline=None)
+@given(section=st.integers(0, 9), record=st.integers(1, 9))
+def test_a_firmware_first_section_is_read_by_its_severity(section: int, record: int) -> None:
+    # drivers/firmware/efi/cper.c cper_estatus_print_section: "%s""Error %d, type: %s\n",
+    # the severity from cper_severity_str (recoverable, fatal, corrected, info)
+    prefix = f"[ 1234.567890] {{{record}}}[Hardware Error]:  Error {section}, type: "
+    for severity, want in (
+        ("recoverable", ("requeue_exclude", "hardware", ["n1"])),
+        ("fatal", ("requeue_exclude", "hardware", ["n1"])),
+        ("corrected", ("none", "unknown", [])),
+        ("info", ("none", "unknown", [])),
+    ):
+        v = verdict(prefix + severity, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == want, severity
+
+
+def test_the_kernel_s_older_and_rarer_node_faults_blame_the_node() -> None:
+    for line, domain in (
+        # arch/x86/mm/fault.c before v4.17: "BUG: unable to handle kernel %s at %px"
+        ("BUG: unable to handle kernel NULL pointer dereference at 0000000000000008", "system"),
+        ("BUG: unable to handle kernel paging request at ffffffffc0a1b2c3", "system"),
+        # arch/x86/mm/fault.c do_sigbus on a poisoned page
+        (
+            "MCE: Killing python:23456 due to hardware memory corruption fault at 7f5be2e5a010",
+            "hardware",
+        ),
+        # drivers/pci/pci.c: the device's config space reads all ones
+        (
+            "nvidia 0000:3b:00.0: Unable to change power state from D3cold to D0, device "
+            "inaccessible",
+            "hardware",
+        ),
+        (
+            "nvme 0000:01:00.0: can't change power state from D3cold to D0 (config space "
+            "inaccessible)",
+            "hardware",
+        ),
+        # dumpstack.c __die_header with die()'s string: kernel-mode traps
+        ("general protection fault: 0000 [#1] SMP NOPTI", "system"),
+        (
+            "general protection fault, probably for non-canonical address 0xdffffc0000000000: "
+            "0000 [#1] PREEMPT SMP KASAN",
+            "system",
+        ),
+        ("stack segment: 0000 [#1] SMP PTI", "system"),
+    ):
+        v = verdict(f"[ 1234.567890] {line}", nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", domain, ["n1"])
+    # a user-space process's trap of the same name stays a program's crash: restarted once
+    v = verdict(
+        "[ 1234.567890] traps: python[12345] general protection fault ip:7f00 sp:7ffd "
+        "error:0 in libc-2.31.so[7f00+178000]",
+        nodes=["n1"],
+    )
+    assert (v.action, v.blame_nodes) == ("requeue", [])
