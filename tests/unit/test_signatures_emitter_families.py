@@ -946,3 +946,33 @@ def test_the_kernel_s_older_and_rarer_node_faults_blame_the_node() -> None:
         nodes=["n1"],
     )
     assert (v.action, v.blame_nodes) == ("requeue", [])
+
+
+# ---------------------------------------------------------------- nvidia-smi
+
+
+@settings(max_examples=30, deadline=None)
+@given(bus=st.sampled_from(["0000:3B:00.0", "00000000:07:00.0", "0000:A1:00.0"]))
+def test_a_gpu_nvidia_smi_cannot_open_blames_the_node_whatever_nvml_says(bus: str) -> None:
+    # nvidia-smi: "Unable to determine the device handle for GPU%s: %s" with nvmlErrorString's
+    # text (nvml_return.toml) or nvidia-smi's own longer one: the driver lists the GPU, NVML
+    # cannot open it
+    for text in (
+        "GPU requires reset",
+        "Timeout",
+        "Corrupted infoROM",
+        "Unable to communicate with GPU because it is insufficiently powered.",
+        "The NVIDIA kernel module detected an issue with GPU interrupts.Consult the "
+        '"Common Problems" Chapter of the NVIDIA Driver README for',
+    ):
+        for sep in (" ", ""):
+            v = verdict(f"Unable to determine the device handle for GPU{sep}{bus}: {text}")
+            assert (v.action, v.fault_domain, v.blame_nodes) == (
+                "requeue_exclude",
+                "hardware",
+                ["(the log's node)"],
+            ), text
+    # the caller may not open it: a container's or a VM's setting, no node blamed
+    for text in ("Insufficient Permissions", "GPU access blocked by the operating system"):
+        v = verdict(f"Unable to determine the device handle for GPU {bus}: {text}")
+        assert v.blame_nodes == []
