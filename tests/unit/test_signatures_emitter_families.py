@@ -976,3 +976,31 @@ def test_a_gpu_nvidia_smi_cannot_open_blames_the_node_whatever_nvml_says(bus: st
     for text in ("Insufficient Permissions", "GPU access blocked by the operating system"):
         v = verdict(f"Unable to determine the device handle for GPU {bus}: {text}")
         assert v.blame_nodes == []
+
+
+# ---------------------------------------------------------------- IPMI SEL: generic events
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    sensor=st.sampled_from(["Fan #0x30", "Temperature CPU1 Temp", "Voltage #0x61", "FAN5"]),
+    elist=st.booleans(),
+)
+def test_a_sel_threshold_crossed_at_its_critical_level_blames_the_node(
+    sensor: str, elist: bool
+) -> None:
+    # ipmitool ipmi_sel.h generic_event_types[] (threshold texts carry a trailing space for
+    # "going low"), printed by sel list as "... | %s | %s | Asserted"; sel elist adds a reading
+    tail = " | Reading 0 < Threshold 600 RPM" if elist else ""
+    for text, want in (
+        ("Lower Critical going low ", ("requeue_exclude", ["n1"])),
+        ("Upper Non-recoverable going high", ("requeue_exclude", ["n1"])),
+        ("Transition to Critical from less severe", ("requeue_exclude", ["n1"])),
+        ("Lower Non-critical going low ", ("none", [])),
+        ("Upper Critical going low ", ("none", [])),
+        ("Redundancy Lost", ("none", [])),
+        ("Predictive Failure Asserted", ("none", [])),
+    ):
+        line = f"  2c | 05/20/2021 | 10:15:02 | {sensor} | {text} | Asserted{tail}"
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.blame_nodes) == want, text
