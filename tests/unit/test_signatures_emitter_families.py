@@ -1004,3 +1004,23 @@ def test_a_sel_threshold_crossed_at_its_critical_level_blames_the_node(
         line = f"  2c | 05/20/2021 | 10:15:02 | {sensor} | {text} | Asserted{tail}"
         v = verdict(line, nodes=["n1"])
         assert (v.action, v.blame_nodes) == want, text
+
+
+# ---------------------------------------------------------------- Slurm: a node failure
+
+
+@settings(max_examples=30, deadline=None)
+@given(job=st.integers(1, 10**7), host=st.sampled_from(["gpu01", "n1", "node-a17"]))
+def test_slurm_s_node_failure_blames_the_node_of_a_one_node_job_only(job: int, host: str) -> None:
+    # slurmstepd: "*** JOB %u ON %s CANCELLED AT %s DUE TO NODE FAILURE ***", printed by the
+    # step daemon of a node that is still up: in a multi-node job a survivor, so no node is
+    # named; in a one-node job the failed node is the job's only one
+    line = (
+        f"slurmstepd: error: *** JOB {job} ON {host} CANCELLED AT 2024-04-20T09:09:37 "
+        "DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***"
+    )
+    v = verdict(line, nodes=["n1"])
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "system", ["n1"])
+    for nodes in (["n1", "n2"], None):
+        v = verdict(line, nodes=nodes)
+        assert (v.action, v.blame_nodes) == ("requeue", [])
