@@ -1024,3 +1024,32 @@ def test_slurm_s_node_failure_blames_the_node_of_a_one_node_job_only(job: int, h
     for nodes in (["n1", "n2"], None):
         v = verdict(line, nodes=nodes)
         assert (v.action, v.blame_nodes) == ("requeue", [])
+
+
+# ---------------------------------------------------------------- disks: smartctl's own report
+
+
+@settings(max_examples=30, deadline=None)
+@given(warning=st.integers(1, 255), asc=st.integers(0, 255), ascq=st.integers(0, 255))
+def test_smartctl_s_failed_health_blames_the_node_and_a_failed_self_test_is_restarted(
+    warning: int, asc: int, ascq: int
+) -> None:
+    # ataprint.cpp: FAILED! and its second line; scsiprint.cpp: "SMART Health Status: %s
+    # [asc=%x, ascq=%x]" only for an informational-exception condition; nvmeprint.cpp:
+    # "Critical Warning:                   0x%02x", FAILED! when not zero
+    for line in (
+        "Drive failure expected in less than 24 hours. SAVE ALL DATA.",
+        f"SMART Health Status: FAILURE PREDICTION THRESHOLD EXCEEDED [asc={asc:x}, ascq={ascq:x}]",
+        f"Critical Warning:                   0x{warning:02x}",
+    ):
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+    for line in ("SMART Health Status: OK", "Critical Warning:                   0x00"):
+        assert verdict(line, nodes=["n1"]).action == "none"
+    # the self-test log (ataprint.cpp's status texts): a failure of unknown cause, restarted
+    for status in ("read", "electrical", "servo/seek", "unknown"):
+        line = f"# 1  Extended offline    Completed: {status} failure       90%     12345      123"
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.blame_nodes) == ("requeue", [])
+    line = "# 1  Short offline       Completed without error       00%     12345         -"
+    assert verdict(line, nodes=["n1"]).action == "none"
