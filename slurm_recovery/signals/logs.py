@@ -148,6 +148,7 @@ class SignatureEntry(
     knock_on: bool = False
     decisive: bool = False
     blame_node: bool = False
+    blame_sole_node: bool = False
     knock_on_xids: tuple[Annotated[int, msgspec.Meta(ge=0)], ...] = ()
     escalate_after: Annotated[int, msgspec.Meta(ge=0)] = 0
     tables: tuple[Text, ...] = ()
@@ -169,6 +170,9 @@ class Signature:
     knock_on: bool = False
     decisive: bool = False
     blame_node: bool = False
+    #: a line that says one of the job's nodes failed without naming which: it blames the node
+    #: of a one-node job (the only one it can be), no node otherwise
+    blame_sole_node: bool = False
     parser: str = "regex"
     knock_on_xids: frozenset[int] = frozenset()
     #: a warning repeated this many times about one node is a fault of that node (0: never)
@@ -1033,8 +1037,11 @@ def classify(
     weak_only = True
     if klass in ("hardware", "system"):
         origin = _log_origins(ordered, nodes)
+        one_node = nodes is not None and len(nodes) == 1
         for m, a, _ in primary:
-            if a.fault_class != klass or not a.blame_node:
+            if a.fault_class != klass:
+                continue
+            if not a.blame_node and not (one_node and _blames_sole_node(m, catalogue)):
                 continue
             node = _node_of(m, nodes, rank_to_node, origin)
             if node is not None and node not in blame:
@@ -1062,6 +1069,14 @@ def classify(
         cause=f"{root.label}{where}",
         sources=[m.source for m, _, _ in shown[:limit]],
     )
+
+
+def _blames_sole_node(match: Match, catalogue: SignatureCatalogue) -> bool:
+    """The line says one of the job's nodes failed, without saying which (Slurm's ``DUE TO
+    NODE FAILURE``, printed by a surviving node's step daemon): in a one-node job it is that
+    node."""
+    signature = catalogue.get(match.signature_id)
+    return signature is not None and signature.blame_sole_node
 
 
 def _wraps_cuda_error(match: Match) -> bool:
@@ -1467,6 +1482,9 @@ def _broken_rules(entry: SignatureEntry) -> list[tuple[str, str]]:
     if entry.blame_node and not node_class:
         problem = f"true with class {entry.klass}: only hardware or system lines blame a node"
         broken.append(("blame_node", problem))
+    if entry.blame_sole_node and (entry.blame_node or not node_class):
+        problem = "only for a hardware or system line that does not blame its own node"
+        broken.append(("blame_sole_node", problem))
     if entry.knock_on and (entry.blame_node or entry.decisive):
         broken.append(
             ("knock_on", "true: a knock-on symptom is neither decisive nor blames a node")
@@ -1512,6 +1530,7 @@ def _signature(entry: SignatureEntry) -> Signature:
         knock_on=entry.knock_on,
         decisive=entry.decisive,
         blame_node=entry.blame_node,
+        blame_sole_node=entry.blame_sole_node,
         parser=str(entry.parser),
         knock_on_xids=frozenset(entry.knock_on_xids),
         escalate_after=entry.escalate_after,

@@ -1079,3 +1079,17 @@ def test_shipped_fixture_files_classify_as_their_names_say() -> None:
 def test_identifiers_are_stable_words() -> None:
     for signature in default_catalogue():
         assert re.fullmatch(r"[a-z][a-z0-9_]*\.[a-z0-9_]+", signature.id)
+
+
+def test_blame_sole_node_is_only_for_a_node_line_that_does_not_blame_its_own() -> None:
+    text = _entry("x.both", "blame_node = true\nblame_sole_node = true\n") + _entry(
+        "x.app", "blame_sole_node = true\n"
+    ).replace('class = "hardware"', 'class = "application"').replace('"requeue"', '"stop"')
+    with pytest.raises(SignatureError) as caught:
+        signatures_from_toml(text, "s.toml")
+    assert [p.split(": ", 1)[1] for p in caught.value.problems] == [
+        "signature[0].blame_sole_node: only for a hardware or system line that does not blame "
+        "its own node",
+        "signature[1].blame_sole_node: only for a hardware or system line that does not blame "
+        "its own node",
+    ]

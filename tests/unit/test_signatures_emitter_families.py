@@ -886,3 +886,170 @@ def test_an_mpi_launcher_s_report_of_a_lost_process_is_a_symptom() -> None:
         "(Segmentation fault)."
     )
     assert ids(verdict(segv)) == ["process.segfault"]
+
+
+# ---------------------------------------------------------------- kernel: older and rarer forms
+
+
+@settings(max_examples=30, deadline=None)
+@given(section=st.integers(0, 9), record=st.integers(1, 9))
+def test_a_firmware_first_section_is_read_by_its_severity(section: int, record: int) -> None:
+    # drivers/firmware/efi/cper.c cper_estatus_print_section: "%s""Error %d, type: %s\n",
+    # the severity from cper_severity_str (recoverable, fatal, corrected, info)
+    prefix = f"[ 1234.567890] {{{record}}}[Hardware Error]:  Error {section}, type: "
+    for severity, want in (
+        ("recoverable", ("requeue_exclude", "hardware", ["n1"])),
+        ("fatal", ("requeue_exclude", "hardware", ["n1"])),
+        ("corrected", ("none", "unknown", [])),
+        ("info", ("none", "unknown", [])),
+    ):
+        v = verdict(prefix + severity, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == want, severity
+
+
+def test_the_kernel_s_older_and_rarer_node_faults_blame_the_node() -> None:
+    for line, domain in (
+        # arch/x86/mm/fault.c before v4.17: "BUG: unable to handle kernel %s at %px"
+        ("BUG: unable to handle kernel NULL pointer dereference at 0000000000000008", "system"),
+        ("BUG: unable to handle kernel paging request at ffffffffc0a1b2c3", "system"),
+        # arch/x86/mm/fault.c do_sigbus on a poisoned page
+        (
+            "MCE: Killing python:23456 due to hardware memory corruption fault at 7f5be2e5a010",
+            "hardware",
+        ),
+        # drivers/pci/pci.c: the device's config space reads all ones
+        (
+            "nvidia 0000:3b:00.0: Unable to change power state from D3cold to D0, device "
+            "inaccessible",
+            "hardware",
+        ),
+        (
+            "nvme 0000:01:00.0: can't change power state from D3cold to D0 (config space "
+            "inaccessible)",
+            "hardware",
+        ),
+        # dumpstack.c __die_header with die()'s string: kernel-mode traps
+        ("general protection fault: 0000 [#1] SMP NOPTI", "system"),
+        (
+            "general protection fault, probably for non-canonical address 0xdffffc0000000000: "
+            "0000 [#1] PREEMPT SMP KASAN",
+            "system",
+        ),
+        ("stack segment: 0000 [#1] SMP PTI", "system"),
+    ):
+        v = verdict(f"[ 1234.567890] {line}", nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", domain, ["n1"])
+    # a user-space process's trap of the same name stays a program's crash: restarted once
+    v = verdict(
+        "[ 1234.567890] traps: python[12345] general protection fault ip:7f00 sp:7ffd "
+        "error:0 in libc-2.31.so[7f00+178000]",
+        nodes=["n1"],
+    )
+    assert (v.action, v.blame_nodes) == ("requeue", [])
+
+
+# ---------------------------------------------------------------- nvidia-smi
+
+
+@settings(max_examples=30, deadline=None)
+@given(bus=st.sampled_from(["0000:3B:00.0", "00000000:07:00.0", "0000:A1:00.0"]))
+def test_a_gpu_nvidia_smi_cannot_open_blames_the_node_whatever_nvml_says(bus: str) -> None:
+    # nvidia-smi: "Unable to determine the device handle for GPU%s: %s" with nvmlErrorString's
+    # text (nvml_return.toml) or nvidia-smi's own longer one: the driver lists the GPU, NVML
+    # cannot open it
+    for text in (
+        "GPU requires reset",
+        "Timeout",
+        "Corrupted infoROM",
+        "Unable to communicate with GPU because it is insufficiently powered.",
+        "The NVIDIA kernel module detected an issue with GPU interrupts.Consult the "
+        '"Common Problems" Chapter of the NVIDIA Driver README for',
+    ):
+        for sep in (" ", ""):
+            v = verdict(f"Unable to determine the device handle for GPU{sep}{bus}: {text}")
+            assert (v.action, v.fault_domain, v.blame_nodes) == (
+                "requeue_exclude",
+                "hardware",
+                ["(the log's node)"],
+            ), text
+    # the caller may not open it: a container's or a VM's setting, no node blamed
+    for text in ("Insufficient Permissions", "GPU access blocked by the operating system"):
+        v = verdict(f"Unable to determine the device handle for GPU {bus}: {text}")
+        assert v.blame_nodes == []
+
+
+# ---------------------------------------------------------------- IPMI SEL: generic events
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    sensor=st.sampled_from(["Fan #0x30", "Temperature CPU1 Temp", "Voltage #0x61", "FAN5"]),
+    elist=st.booleans(),
+)
+def test_a_sel_threshold_crossed_at_its_critical_level_blames_the_node(
+    sensor: str, elist: bool
+) -> None:
+    # ipmitool ipmi_sel.h generic_event_types[] (threshold texts carry a trailing space for
+    # "going low"), printed by sel list as "... | %s | %s | Asserted"; sel elist adds a reading
+    tail = " | Reading 0 < Threshold 600 RPM" if elist else ""
+    for text, want in (
+        ("Lower Critical going low ", ("requeue_exclude", ["n1"])),
+        ("Upper Non-recoverable going high", ("requeue_exclude", ["n1"])),
+        ("Transition to Critical from less severe", ("requeue_exclude", ["n1"])),
+        ("Lower Non-critical going low ", ("none", [])),
+        ("Upper Critical going low ", ("none", [])),
+        ("Redundancy Lost", ("none", [])),
+        ("Predictive Failure Asserted", ("none", [])),
+    ):
+        line = f"  2c | 05/20/2021 | 10:15:02 | {sensor} | {text} | Asserted{tail}"
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.blame_nodes) == want, text
+
+
+# ---------------------------------------------------------------- Slurm: a node failure
+
+
+@settings(max_examples=30, deadline=None)
+@given(job=st.integers(1, 10**7), host=st.sampled_from(["gpu01", "n1", "node-a17"]))
+def test_slurm_s_node_failure_blames_the_node_of_a_one_node_job_only(job: int, host: str) -> None:
+    # slurmstepd: "*** JOB %u ON %s CANCELLED AT %s DUE TO NODE FAILURE ***", printed by the
+    # step daemon of a node that is still up: in a multi-node job a survivor, so no node is
+    # named; in a one-node job the failed node is the job's only one
+    line = (
+        f"slurmstepd: error: *** JOB {job} ON {host} CANCELLED AT 2024-04-20T09:09:37 "
+        "DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***"
+    )
+    v = verdict(line, nodes=["n1"])
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "system", ["n1"])
+    for nodes in (["n1", "n2"], None):
+        v = verdict(line, nodes=nodes)
+        assert (v.action, v.blame_nodes) == ("requeue", [])
+
+
+# ---------------------------------------------------------------- disks: smartctl's own report
+
+
+@settings(max_examples=30, deadline=None)
+@given(warning=st.integers(1, 255), asc=st.integers(0, 255), ascq=st.integers(0, 255))
+def test_smartctl_s_failed_health_blames_the_node_and_a_failed_self_test_is_restarted(
+    warning: int, asc: int, ascq: int
+) -> None:
+    # ataprint.cpp: FAILED! and its second line; scsiprint.cpp: "SMART Health Status: %s
+    # [asc=%x, ascq=%x]" only for an informational-exception condition; nvmeprint.cpp:
+    # "Critical Warning:                   0x%02x", FAILED! when not zero
+    for line in (
+        "Drive failure expected in less than 24 hours. SAVE ALL DATA.",
+        f"SMART Health Status: FAILURE PREDICTION THRESHOLD EXCEEDED [asc={asc:x}, ascq={ascq:x}]",
+        f"Critical Warning:                   0x{warning:02x}",
+    ):
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+    for line in ("SMART Health Status: OK", "Critical Warning:                   0x00"):
+        assert verdict(line, nodes=["n1"]).action == "none"
+    # the self-test log (ataprint.cpp's status texts): a failure of unknown cause, restarted
+    for status in ("read", "electrical", "servo/seek", "unknown"):
+        line = f"# 1  Extended offline    Completed: {status} failure       90%     12345      123"
+        v = verdict(line, nodes=["n1"])
+        assert (v.action, v.blame_nodes) == ("requeue", [])
+    line = "# 1  Short offline       Completed without error       00%     12345         -"
+    assert verdict(line, nodes=["n1"]).action == "none"
