@@ -56,6 +56,9 @@ Ingested = tuple[list[int], bool, int]
 #: An evidence request checked (authenticated, parsed, authorized): who sent it, and what.
 Checked = tuple[requests.Principal, list[Evidence]]
 
+#: The answer to a status that changed nothing (most requests): one event accepted, none stored.
+UNCHANGED_ANSWER = b'{"accepted": 1, "ids": []}'
+
 #: Role assumed for every request when authentication is off (development only).
 INSECURE_ROLE_HEADER = "X-SRecovery-Role"
 
@@ -435,7 +438,9 @@ class Controller:
                 # a status that changes nothing: answered here, nothing to store
                 self.metrics.ingest_events.inc()
                 self.metrics.ingest_latency.observe(time.monotonic() - started)
-                return web.json_response({"accepted": 1, "ids": []}, status=202)
+                return web.Response(
+                    body=UNCHANGED_ANSWER, status=202, content_type="application/json"
+                )
             ids, urgent, accepted = await self._ingest_grouped(request, body, checked)
         except requests.AuthError as err:
             return self._refuse(err)

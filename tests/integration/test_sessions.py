@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from slurm_recovery.contract import requests, sessions
-from slurm_recovery.contract.client import ControllerClient
+from slurm_recovery.contract.client import ClientError, ControllerClient
 from slurm_recovery.contract.wire import event_to_json
 from slurm_recovery.store import Store
 from tests.integration.test_controller import scheduler, stacks  # noqa: F401
@@ -163,3 +163,46 @@ def test_a_controller_without_sessions_gets_munge_per_request(stacks, local_clus
         stack.url, "/v1/evidence", body_for(), {"Authorization": "SRSession id=0"}
     )
     assert status == 401 and "off" in answer["error"]
+
+
+def test_a_status_that_changes_nothing_is_answered_and_not_stored(stacks, local_cluster):  # noqa: F811
+    """Issue 29: a sidecar's status in its session, on its kept connection, as the sidecar
+    sends it. Only a change is stored; the node's report is current in ``srecovery nodes``;
+    a malformed or misdirected status is refused on that path as on the other; and a
+    restarted controller knows the report it held (written at shutdown)."""
+    stack = stacks("monitor")
+    client = ControllerClient(
+        stack.url, munge_socket=str(local_cluster.munge_socket), sessions=True, keep_alive=True
+    )
+
+    def status(**payload) -> dict:
+        base = {"version": "1", "started_at": 1.0, "dropped": 0, "sources": {"kmsg": "ok"}}
+        return json.loads(body_for("sidecar_status", **{**base, **payload}))["events"][0]
+
+    def send(event: dict) -> list[int]:
+        return client.post_evidence([event], role="sidecar", node=NODE)["ids"]
+
+    assert len(send(status(queued=0))) == 1  # the node's first report
+    for queued in range(1, 6):
+        assert send(status(queued=queued)) == []  # readings only: no news
+    assert len(send(status(queued=6, dropped=2))) == 1  # the sidecar dropped events
+    assert send(status(queued=7, dropped=2)) == []
+    node = client.get(f"/v1/nodes/{NODE}")["sidecar"]
+    assert node["reports_since_change"] == 2 and node["dropped"] == 2, node
+
+    bad = status()
+    bad["payload"]["readings"] = float("nan")
+    with pytest.raises(ClientError) as info:
+        send(bad)
+    assert info.value.status == 400 and "NaN" in info.value.reason
+    with pytest.raises(ClientError) as info:
+        send({**status(), "node": "n3"})
+    assert info.value.status == 403 and "speaks only for n2" in info.value.reason
+
+    stack.stop()
+    stack.start()
+    assert send(status(queued=8, dropped=2)) == []  # the report survived the restart
+    assert client.get(f"/v1/nodes/{NODE}")["sidecar"]["reports_since_change"] == 3
+    with Store.open(stack.db, readonly=True) as store:
+        stored = [r for r in store.find_evidence() if r.evidence.kind == "sidecar_status"]
+    assert [r.evidence.payload["queued"] for r in stored] == [0, 6]

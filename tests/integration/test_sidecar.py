@@ -316,7 +316,7 @@ def test_a_quiet_sidecars_status_is_state_not_a_growing_history(quick_stack):
         return out.stdout
 
     # the report as the controller holds it (in memory: the store has it every 30 s)
-    shown = json.loads(nodes("--json"))["nodes"][0]["sidecar"]
+    shown = json.loads(nodes("--json"))["sidecar"]
     assert shown["reports_since_change"] >= 5, shown
     assert shown["silent_for"] < 2 * PERIOD + 1 and shown["last_report"] > shown["last_change"]
     line = next(x for x in nodes().splitlines() if x.strip().startswith("Sidecar:"))
