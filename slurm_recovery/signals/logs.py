@@ -972,10 +972,12 @@ def classify(
     knock_on = sorted((a for a in assessed if a[1].knock_on), key=when)
     if not primary:
         failing = [a for a in knock_on if a[1].action != "none"]
-        if all(m.signature_id == GENERIC_ERROR for m, _, _ in failing) and any(
+        if all(_process_ended(m, a, catalogue) for m, a, _ in failing) and any(
             m.signature_id in _ENDED_ON_PURPOSE for m, _, _ in knock_on
         ):
-            failing = []  # a job Slurm ended on purpose prints error words as it is killed
+            # a job Slurm ended on purpose prints error words as it is killed, and its
+            # launchers report the processes that ended
+            failing = []
         lines = [_line(m) for m, _, _ in knock_on[:limit]]
         sources = [m.source for m, _, _ in knock_on[:limit]]
         if not failing:
@@ -1103,6 +1105,31 @@ def _nccl_cuda_alloc_failed(match: Match) -> bool:
 GENERIC_ERROR = "generic.error_line"
 #: Slurm ended the job on purpose: what its processes print as they are killed is no failure.
 _ENDED_ON_PURPOSE = frozenset({"slurm.time_limit", "slurm.preemption", "slurm.cancelled"})
+#: Launchers' reports that a process they started ended badly (Python's CalledProcessError,
+#: torchrun's ChildFailedError, an MPI launcher's lost process) are of this category
+LAUNCHER = "launcher"
+
+
+#: Slurm's own reports that a task or a job ended with a non-zero code or a signal, not why
+#: (members of ``emitters/slurm_daemons.toml``)
+_SLURM_EXITS = frozenset(
+    {"srun.task_exit_code", "stepd.failed_nonzero", "slurmctld.job_complete_exit"}
+)
+
+
+def _process_ended(match: Match, assessment: Assessment, catalogue: SignatureCatalogue) -> bool:
+    """A line that says only that something failed or a process ended badly, not why: a
+    failure word no entry knows (:data:`GENERIC_ERROR`), a launcher's report of its child's
+    exit, srun's ``Exited with exit code N``."""
+    if match.signature_id == GENERIC_ERROR or assessment.category == LAUNCHER:
+        return True
+    signature = catalogue.get(match.signature_id)
+    if signature is None or not signature.tables or match.code is None:
+        return False
+    member = catalogue.emitters.lookup(signature.tables, match.code)
+    return member is not None and member.name in _SLURM_EXITS
+
+
 #: Lines that end a job's processes: an XID the driver logs as a channel is torn down after them
 #: (XID 45) is their consequence.
 _ENDS_PROCESSES = frozenset(
