@@ -990,6 +990,8 @@ def classify(
                 sources=sources,
             )
         mismatch = _collective_mistake([m for m, _, _ in knock_on])
+        if mismatch is None and nodes is not None and len(nodes) == 1:
+            mismatch = _one_node_timeout([m for m, _, _ in failing])
         if mismatch is not None:
             return LogVerdict(
                 category="collective",
@@ -1252,6 +1254,27 @@ def _collective_mistake(symptoms: Sequence[Match]) -> str | None:
             "before exit"
         )
     return None
+
+
+def _one_node_timeout(failing: Sequence[Match]) -> str | None:
+    """Why collective timeouts in a one-node job, with no other cause in the log, are the
+    program's own, or None when no rank timed out.
+
+    Every rank is on the one node, so no network and no other node stands between them: a
+    rank that did not reach the collective in time was busy elsewhere in the program (one
+    rank's evaluation, tokenising or saving, a collective only some ranks call, a deadlock),
+    or its GPU hung, which the driver reports as an XID (decisive: it wins, in the log and in
+    the controller's node evidence). A startup hang from broken peer-to-peer is the first
+    collectives' rule already (:func:`_collective_mistake`)."""
+    timed_out = [m for m in failing if m.signature_id in _TIMEOUTS]
+    if not timed_out:
+        return None
+    return (
+        f"collectives timed out in a one-node job ({timed_out[0].signature_id}), with no GPU "
+        "or driver error: a rank busy elsewhere in the program (an evaluation or a save on one "
+        "rank, a collective not every rank calls, a deadlock); raise the timeout or even out "
+        "the work"
+    )
 
 
 def _quiet_ranks(symptoms: Sequence[Match]) -> list[int]:

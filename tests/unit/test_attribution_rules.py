@@ -371,6 +371,31 @@ def test_a_hardware_line_beats_the_timeouts_it_caused() -> None:
     assert (got.action, got.blame_nodes) == ("requeue_exclude", ["n2"])
 
 
+def test_timeouts_in_a_one_node_job_are_the_programs_own() -> None:
+    """Every rank is on the one node: no network and no other node between them, so a rank
+    that did not reach the collective in time was busy elsewhere in the program (or its GPU
+    hung, which the driver reports as an XID: that line wins). The same timeouts in a
+    two-node job, or read without the job's nodes, stay a restart."""
+    deep = [watchdog(r, 5000) for r in range(4)]
+    got = verdict(deep, nodes=["n1"])
+    assert (got.fault_domain, got.action, got.blame_nodes) == ("application", "stop", [])
+    assert "one-node job" in got.cause
+    assert verdict(deep, nodes=["n1", "n2"]).action == "requeue"
+    assert verdict(deep).action == "requeue"
+    heartbeat = (
+        "[rank0]:[E ProcessGroupNCCL.cpp:1316] [PG 5 Rank 0] Heartbeat monitor timed out! "
+        "Process will be terminated after dumping debug info. workMetaList_.size()=3"
+    )
+    assert verdict([heartbeat], nodes=["n1"]).action == "stop"
+    assert verdict([heartbeat], nodes=["n1", "n2"]).action == "requeue"
+    # the GPU's own line decides: the node is excluded, not the job stopped
+    hung = verdict([deep[0], f"Nov 29 13:45:01 n1 kernel: {XID_79}", deep[1]], nodes=["n1"])
+    assert (hung.action, hung.blame_nodes) == ("requeue_exclude", ["n1"])
+    # a failure of unknown cause with no timeout among the symptoms is still a restart
+    child = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"
+    assert verdict([child], nodes=["n1"]).action == "requeue"
+
+
 # ---------------------------------------------------------------- properties
 
 APPLICATION_LINES = [
