@@ -1,9 +1,11 @@
 """How completely the shipped signature catalogue reads each emitter's messages.
 
 Every classified member of every emitter table (:mod:`slurm_recovery.signals.emitters`) has an
-example line; the catalogue scans it as ``explain-log --nodes n1`` would and its verdict either
-agrees with the member (same action, same class unless nothing is to be done, the node blamed
-exactly when the member blames it), disagrees, or recognises nothing. ``docs/signatures.md``'s
+example line; the catalogue scans it (as ``explain-log --nodes n1`` would for a member that
+blames its node, as ``explain-log`` would for any other: the line alone, not a one-node job's
+context) and its verdict either agrees with the member (same action, same class unless nothing
+is to be done, a node blamed exactly when the member blames it), disagrees, or recognises
+nothing. ``docs/signatures.md``'s
 coverage table is this, printed by ``python -m bench.attribution --coverage``."""
 
 from __future__ import annotations
@@ -42,14 +44,18 @@ class Coverage:
 
 
 def read_example(member: Member, catalogue: SignatureCatalogue) -> tuple[bool, LogVerdict]:
-    """Whether the catalogue recognises ``member``'s example, and its verdict on it."""
+    """Whether the catalogue recognises ``member``'s example, and its verdict on it: in a
+    one-node job when the member blames its node (so that the blame has a node to name), else
+    as the line alone means it (without the job's nodes: a one-node job's own reading, such as
+    its collective timeouts being the program's, is the job's context, not the line's)."""
     matches = list(catalogue.scan_text(member.example, source=member.table))
-    return bool(matches), classify(matches, nodes=[NODE], catalogue=catalogue)
+    nodes = [NODE] if member.blame_node else None
+    return bool(matches), classify(matches, nodes=nodes, catalogue=catalogue)
 
 
 def mismatch(member: Member, verdict: LogVerdict) -> str:
     """What is wrong with ``verdict`` for ``member`` ("" when it agrees)."""
-    blamed = verdict.blame_nodes == [NODE]
+    blamed = bool(verdict.blame_nodes)
     if verdict.action != member.action:
         return f"{verdict.action} ({verdict.fault_domain}, {verdict.cause})"
     if member.action != "none" and verdict.fault_domain != member.fault_class:

@@ -972,10 +972,12 @@ def classify(
     knock_on = sorted((a for a in assessed if a[1].knock_on), key=when)
     if not primary:
         failing = [a for a in knock_on if a[1].action != "none"]
-        if all(m.signature_id == GENERIC_ERROR for m, _, _ in failing) and any(
+        if all(_process_ended(m, a, catalogue) for m, a, _ in failing) and any(
             m.signature_id in _ENDED_ON_PURPOSE for m, _, _ in knock_on
         ):
-            failing = []  # a job Slurm ended on purpose prints error words as it is killed
+            # a job Slurm ended on purpose prints error words as it is killed, and its
+            # launchers report the processes that ended
+            failing = []
         lines = [_line(m) for m, _, _ in knock_on[:limit]]
         sources = [m.source for m, _, _ in knock_on[:limit]]
         if not failing:
@@ -988,6 +990,8 @@ def classify(
                 sources=sources,
             )
         mismatch = _collective_mistake([m for m, _, _ in knock_on])
+        if mismatch is None and nodes is not None and len(nodes) == 1:
+            mismatch = _one_node_timeout([m for m, _, _ in failing])
         if mismatch is not None:
             return LogVerdict(
                 category="collective",
@@ -1103,6 +1107,31 @@ def _nccl_cuda_alloc_failed(match: Match) -> bool:
 GENERIC_ERROR = "generic.error_line"
 #: Slurm ended the job on purpose: what its processes print as they are killed is no failure.
 _ENDED_ON_PURPOSE = frozenset({"slurm.time_limit", "slurm.preemption", "slurm.cancelled"})
+#: Launchers' reports that a process they started ended badly (Python's CalledProcessError,
+#: torchrun's ChildFailedError, an MPI launcher's lost process) are of this category
+LAUNCHER = "launcher"
+
+
+#: Slurm's own reports that a task or a job ended with a non-zero code or a signal, not why
+#: (members of ``emitters/slurm_daemons.toml``)
+_SLURM_EXITS = frozenset(
+    {"srun.task_exit_code", "stepd.failed_nonzero", "slurmctld.job_complete_exit"}
+)
+
+
+def _process_ended(match: Match, assessment: Assessment, catalogue: SignatureCatalogue) -> bool:
+    """A line that says only that something failed or a process ended badly, not why: a
+    failure word no entry knows (:data:`GENERIC_ERROR`), a launcher's report of its child's
+    exit, srun's ``Exited with exit code N``."""
+    if match.signature_id == GENERIC_ERROR or assessment.category == LAUNCHER:
+        return True
+    signature = catalogue.get(match.signature_id)
+    if signature is None or not signature.tables or match.code is None:
+        return False
+    member = catalogue.emitters.lookup(signature.tables, match.code)
+    return member is not None and member.name in _SLURM_EXITS
+
+
 #: Lines that end a job's processes: an XID the driver logs as a channel is torn down after them
 #: (XID 45) is their consequence.
 _ENDS_PROCESSES = frozenset(
@@ -1225,6 +1254,27 @@ def _collective_mistake(symptoms: Sequence[Match]) -> str | None:
             "before exit"
         )
     return None
+
+
+def _one_node_timeout(failing: Sequence[Match]) -> str | None:
+    """Why collective timeouts in a one-node job, with no other cause in the log, are the
+    program's own, or None when no rank timed out.
+
+    Every rank is on the one node, so no network and no other node stands between them: a
+    rank that did not reach the collective in time was busy elsewhere in the program (one
+    rank's evaluation, tokenising or saving, a collective only some ranks call, a deadlock),
+    or its GPU hung, which the driver reports as an XID (decisive: it wins, in the log and in
+    the controller's node evidence). A startup hang from broken peer-to-peer is the first
+    collectives' rule already (:func:`_collective_mistake`)."""
+    timed_out = [m for m in failing if m.signature_id in _TIMEOUTS]
+    if not timed_out:
+        return None
+    return (
+        f"collectives timed out in a one-node job ({timed_out[0].signature_id}), with no GPU "
+        "or driver error: a rank busy elsewhere in the program (an evaluation or a save on one "
+        "rank, a collective not every rank calls, a deadlock); raise the timeout or even out "
+        "the work"
+    )
 
 
 def _quiet_ranks(symptoms: Sequence[Match]) -> list[int]:

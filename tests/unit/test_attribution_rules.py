@@ -371,6 +371,31 @@ def test_a_hardware_line_beats_the_timeouts_it_caused() -> None:
     assert (got.action, got.blame_nodes) == ("requeue_exclude", ["n2"])
 
 
+def test_timeouts_in_a_one_node_job_are_the_programs_own() -> None:
+    """Every rank is on the one node: no network and no other node between them, so a rank
+    that did not reach the collective in time was busy elsewhere in the program (or its GPU
+    hung, which the driver reports as an XID: that line wins). The same timeouts in a
+    two-node job, or read without the job's nodes, stay a restart."""
+    deep = [watchdog(r, 5000) for r in range(4)]
+    got = verdict(deep, nodes=["n1"])
+    assert (got.fault_domain, got.action, got.blame_nodes) == ("application", "stop", [])
+    assert "one-node job" in got.cause
+    assert verdict(deep, nodes=["n1", "n2"]).action == "requeue"
+    assert verdict(deep).action == "requeue"
+    heartbeat = (
+        "[rank0]:[E ProcessGroupNCCL.cpp:1316] [PG 5 Rank 0] Heartbeat monitor timed out! "
+        "Process will be terminated after dumping debug info. workMetaList_.size()=3"
+    )
+    assert verdict([heartbeat], nodes=["n1"]).action == "stop"
+    assert verdict([heartbeat], nodes=["n1", "n2"]).action == "requeue"
+    # the GPU's own line decides: the node is excluded, not the job stopped
+    hung = verdict([deep[0], f"Nov 29 13:45:01 n1 kernel: {XID_79}", deep[1]], nodes=["n1"])
+    assert (hung.action, hung.blame_nodes) == ("requeue_exclude", ["n1"])
+    # a failure of unknown cause with no timeout among the symptoms is still a restart
+    child = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"
+    assert verdict([child], nodes=["n1"]).action == "requeue"
+
+
 # ---------------------------------------------------------------- properties
 
 APPLICATION_LINES = [
@@ -408,3 +433,41 @@ def test_blame_is_only_ever_the_jobs_nodes_and_goes_with_requeue_exclude(lines: 
         got = verdict(lines, nodes=nodes)
         assert set(got.blame_nodes) <= set(nodes)
         assert bool(got.blame_nodes) == (got.action == "requeue_exclude")
+
+
+def test_a_job_step_that_exited_non_zero_with_nothing_else_is_restarted_not_left_dead() -> None:
+    """srun prints ``Exited with exit code N`` only for a non-zero code (src/srun/launch.c): the
+    step failed. Alone, a failure of unknown cause, restarted once as a launcher's report of
+    its child's exit is; a rank's own error beside it decides; never a blame."""
+    exited = "srun: error: gpu07: tasks 0-7: Exited with exit code 1"
+    for nodes in (None, ["n1"], ["gpu07", "gpu08"]):
+        got = verdict([exited], nodes=nodes)
+        assert (got.action, got.fault_domain, got.blame_nodes) == ("requeue", "unknown", [])
+    got = verdict(["[rank1]: KeyError: 'sample_20'", exited])
+    assert (got.action, got.fault_domain) == ("stop", "application")
+    assert got.signatures[0]["id"] == "python.exception"
+
+
+@pytest.mark.parametrize(
+    "ended",
+    [
+        "slurmstepd: error: *** JOB 1234 ON gpu07 CANCELLED AT 2024-01-01T00:00:00 ***",
+        "slurmstepd: error: *** JOB 1234 ON gpu07 CANCELLED AT 2024-01-01T00:00:00 DUE TO "
+        "PREEMPTION ***",
+    ],
+)
+@pytest.mark.parametrize(
+    "report",
+    [
+        "srun: error: gpu07: task 0: Exited with exit code 143",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+        "make: *** [Makefile:12: all] Error 1",
+    ],
+)
+def test_a_job_slurm_ended_on_purpose_is_no_failure_whatever_its_launchers_report(
+    ended: str, report: str
+) -> None:
+    """A cancelled or preempted job's processes end non-zero as they are killed: srun's exit
+    line, torchrun's ChildFailedError and an error word are that end's report, not a failure."""
+    got = verdict([ended, report], nodes=["gpu07"])
+    assert (got.action, got.blame_nodes) == ("none", [])

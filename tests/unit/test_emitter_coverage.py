@@ -1,11 +1,12 @@
 """The emitter tables (signals/data/emitters): every message of each emitter, classified, read by
 the shipped catalogue as the table says, and the coverage table in docs/signatures.md current.
 
-Each member's example is scanned as ``explain-log --nodes n1`` would; the verdict must have the
-member's action, its class (unless nothing is to be done) and blame the node exactly when the
-member does. What the catalogue reads otherwise, or not at all, must be listed in the docs'
-coverage table (``python -m bench.attribution --coverage`` prints it): a new disagreement fails
-here until it is fixed or documented."""
+Each member's example is scanned as ``explain-log --nodes n1`` would (a member that blames no
+node: as ``explain-log`` would, the line alone); the verdict must have the member's action, its
+class (unless nothing is to be done) and blame a node exactly when the member does. What the
+catalogue reads otherwise, or not at all, must be listed in the docs' coverage table
+(``python -m bench.attribution --coverage`` prints it): a new disagreement fails here until it
+is fixed or documented."""
 
 from __future__ import annotations
 

@@ -454,10 +454,14 @@ def test_a_chained_traceback_gives_each_exception_line_and_no_source_line() -> N
     assert found == [(4, "python.exception"), (12, "python.exception")]
 
 
-def test_srun_task_exits_are_not_catalogued_but_a_killed_task_is() -> None:
-    # "Exited with exit code 1" is what every rank that raised prints: the exception line
-    # above it says why. A killed task names its node and its task.
-    assert ids(["srun: error: n6: task 0: Exited with exit code 1"]) == []
+def test_srun_task_exits_are_knock_on_failures_and_a_killed_task_names_its_rank() -> None:
+    # srun prints "Exited with exit code N" only for a non-zero code: the job step failed,
+    # but not why (a knock-on symptom, never a blame). A killed task names its node and task.
+    (exited,) = scan(["srun: error: n6: task 0: Exited with exit code 1"])
+    assert exited.signature_id == "slurm.error"
+    payload = evidence_payload(exited)
+    assert payload["fault_class"] == "unknown" and payload["blame_node"] is False
+    assert payload["knock_on"] is True
     (killed,) = scan(["srun: error: gpu-07.cluster: tasks 4-7: Killed"])
     assert (killed.signature_id, killed.host, killed.rank) == (
         "slurm.task_killed",
@@ -870,7 +874,13 @@ def test_a_killed_rank_is_the_root_of_the_gloo_timeouts_and_blames_no_node() -> 
         "srun: error: n8: task 2: Exited with exit code 1",
     ]
     found = list(scan(lines))
-    assert [m.signature_id for m in found] == ["gloo.timeout", "gloo.timeout", "slurm.task_killed"]
+    assert [m.signature_id for m in found] == [
+        "gloo.timeout",
+        "gloo.timeout",
+        "slurm.task_killed",
+        "slurm.error",
+        "slurm.error",
+    ]
     verdict = classify(found, nodes=["n6", "n7", "n8"], rank_to_node={0: "n6", 1: "n7", 2: "n8"})
     assert (verdict.fault_domain, verdict.blame_nodes, verdict.action) == ("unknown", [], "requeue")
     assert verdict.signatures[0] == {"id": "slurm.task_killed", "line_no": 3, "text": lines[2]}
