@@ -59,8 +59,10 @@ def test_a_one_node_jobs_broken_driver_line_requeues_it_away_from_its_node(stack
 
 def test_the_same_failure_after_a_restart_stops_the_job(stack, slurm, tmp_path):
     tmp_path.chmod(0o755)
+    # two nodes: a one-node job's collective timeout is the program's at once (stop), since
+    # no network or other node sits between its ranks; across nodes it is restarted once
     job_id = slurm.submit(
-        "-N1", "-o", str(tmp_path / "job-%j.out"), f"--wrap=echo '{TIMEOUT}'; sleep 2; exit 1"
+        "-N2", "-o", str(tmp_path / "job-%j.out"), f"--wrap=echo '{TIMEOUT}'; sleep 2; exit 1"
     )
     first, second = wait_for(lambda: closed(slurm, job_id, 2), timeout=180, interval=1.0)
     assert first["advice"]["action"] == "requeue", first["advice"]
