@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 STATUS_KIND = "sidecar_status"
 #: How far back the store is read at start (older reports say nothing of a sidecar now).
 SEED_HORIZON = 86400.0
-#: How often the reports of statuses that changed nothing are written to the store, s (what
-#: ``srecovery nodes`` shows is flushed first, so it is never staler than that).
+#: How often the reports of statuses that changed nothing are written to the store, s
+#: (``srecovery nodes`` reads them from memory, so only a crash loses up to that much).
 FLUSH_INTERVAL = 30.0
 #: Per-GPU readings that say what a GPU is, not how busy or warm it is this minute.
 GPU_CONDITION_KEYS = ("lost", "conditions")
