@@ -507,6 +507,7 @@ async def _run(
     w0, w1 = spec["warmup"], spec["warmup"] + spec["duration"]
     latencies: list[float] = []
     lags: list[float] = []
+    timeline: list[tuple[float, float]] = []  # (sent at, s after the start; latency, s)
     statuses: dict[str, int] = {}
     state = {"outstanding": 0, "capped": 0, "errors": 0, "events_ok": 0, "late": 0}
     cap = spec["max_outstanding"]
@@ -557,6 +558,7 @@ async def _run(
             if code.startswith("2"):
                 latencies.append(end - start)
                 lags.append(start - due)
+                timeline.append((round(start - t0, 3), round(end - start, 4)))
                 state["events_ok"] += events
 
     for offset, payload, events, sidecar in schedule:
@@ -581,6 +583,7 @@ async def _run(
     return {
         "t0": t0_wall,
         "latency": quantiles(latencies),
+        "slowest": sorted(timeline, key=lambda item: -item[1])[: max(1, len(timeline) // 100)],
         "lag": quantiles(lags),
         "statuses": statuses,
         "capped": state["capped"],
@@ -733,6 +736,7 @@ def run_load(
         "accepted_events_per_s": gen_result["events_ok"] / args.duration,
         "stored_events_per_s": events / wall,
         "latency_s": gen_result["latency"],
+        "slowest_1pct": gen_result["slowest"],
         "generator_lag_s": gen_result["lag"],
         "statuses": gen_result["statuses"],
         "capped_by_generator": gen_result["capped"],

@@ -34,6 +34,7 @@ from slurm_recovery.controller.loop import Reconciler, StepDone
 from slurm_recovery.controller.metrics import Metrics, ReadAtScrape
 from slurm_recovery.controller.nodelisting import NodeListing
 from slurm_recovery.controller.reports import (
+    FLUSH_CHUNK,
     FLUSH_INTERVAL,
     STATUS_KIND,
     LastReports,
@@ -296,8 +297,13 @@ class Controller:
         """Write the sidecars' reports that changed in memory only (controller.reports); a
         store that cannot be written keeps them for the next try: a report is state, and
         the statuses that changed a node's condition are stored as evidence already."""
-        try:
-            await self.ingest.run(lambda: self.reports.flush(self.ingest.store()))
+
+        def chunk() -> int:
+            return self.reports.flush(self.ingest.store(), FLUSH_CHUNK)
+
+        try:  # a chunk a turn: what queued for the ingest thread meanwhile goes between
+            while await self.ingest.run(chunk) == FLUSH_CHUNK:
+                pass
         except StoreError as exc:
             log.warning("sidecar reports not written to the store (kept; tried again): %s", exc)
 

@@ -211,6 +211,25 @@ def test_a_report_not_written_is_written_by_the_next_flush(tmp_path: Path):
     assert reports.flush(store) == 1 and "n1" in store.node_reports()
 
 
+def test_a_flush_in_chunks_writes_each_report_once_and_a_failed_chunk_again(tmp_path: Path):
+    """The controller writes 10,000 reports a chunk at a time (requests queued for the ingest
+    thread go between chunks): every report is written, none twice, and a chunk the store
+    refused is written by a later one."""
+    reports = LastReports()
+    for i in range(25):
+        changes: dict[str, NodeReport] = {}
+        reports.judge(status(T0, payload(), node=f"n{i}"), status_condition(payload()), T0, changes)
+        reports.settle(changes.values(), committed=True)
+    closed = Store.open(tmp_path / "state.db")
+    closed.close()
+    with pytest.raises(StoreError):
+        reports.flush(closed, 10)
+    store = Store.open(tmp_path / "state.db")
+    assert [reports.flush(store, 10) for _ in range(4)] == [10, 10, 5, 0]
+    assert sorted(store.node_reports()) == sorted(f"n{i}" for i in range(25))
+    assert store.node_reports() == reports.reports()
+
+
 def test_a_restarted_controller_knows_the_reports_and_counts_silence_from_its_start(
     tmp_path: Path,
 ):
