@@ -61,3 +61,60 @@ def test_a_slurm_program_s_fatal_line_is_a_failure_of_unknown_cause(
         nodes=["n1"],
     )
     assert ended.action == "none"
+
+
+_COMM = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-", min_size=2, max_size=15)
+_OBJECT = st.from_regex(r"lib[a-z]{2,10}\.so(\.[0-9]{1,2})?", fullmatch=True)
+
+
+def _segfault(comm: str, pid: int, obj: str, host: str = "gpu07") -> str:
+    # arch/x86/mm/fault.c show_signal_msg, then print_vma_addr(" in ", ip)
+    return (
+        f"Dec  1 10:00:00 {host} kernel: {comm}[{pid}]: segfault at 0 ip 00007f1234567890 "
+        f"sp 00007ffd12345678 error 4 in {obj}[7f1234000000+1000000]"
+    )
+
+
+def _gp_fault(comm: str, pid: int, obj: str, host: str = "gpu07") -> str:
+    # arch/x86/kernel/traps.c: "traps: %s[%d] general protection fault ip:%lx sp:%lx error:%lx"
+    return (
+        f"Dec  1 10:00:01 {host} kernel: traps: {comm}[{pid}] general protection fault "
+        f"ip:7f3a2b4c1d20 sp:7ffd4e2a1b80 error:0 in {obj}[7f3a2b428000+195000]"
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    comms=st.lists(_COMM, min_size=2, max_size=2, unique=True),
+    objects=st.lists(_OBJECT, min_size=2, max_size=2, unique=True),
+    pid=st.integers(1, 4_000_000),
+    gp=st.booleans(),
+)
+def test_unrelated_programs_crashing_on_one_node_blame_its_memory(
+    comms: list[str], objects: list[str], pid: int, gp: bool
+) -> None:
+    second = _gp_fault if gp else _segfault
+    lines = [_segfault(comms[0], pid, objects[0]), second(comms[1], pid + 1, objects[1])]
+    v = verdict(*lines)
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["gpu07"])
+    assert verdict(*lines, nodes=["n1"]).blame_nodes == ["n1"]
+    # on two nodes, one crash each: each program's own crash, nothing tells a node
+    apart = verdict(
+        _segfault(comms[0], pid, objects[0], "gpu07"),
+        second(comms[1], pid + 1, objects[1], "gpu08"),
+        nodes=["gpu07", "gpu08"],
+    )
+    assert (apart.action, apart.blame_nodes) == ("requeue", [])
+
+
+@settings(max_examples=40, deadline=None)
+@given(comms=st.lists(_COMM, min_size=2, max_size=4, unique=True), obj=_OBJECT)
+def test_programs_crashing_in_one_library_or_one_program_crashing_is_not_the_node(
+    comms: list[str], obj: str
+) -> None:
+    # every program that loads one broken library crashes in it: the library, not the node
+    same_object = verdict(*(_segfault(c, 100 + k, obj) for k, c in enumerate(comms)))
+    assert (same_object.action, same_object.blame_nodes) == ("requeue", [])
+    # one program's ranks crashing in their own objects: its bug or build
+    one_program = verdict(_segfault(comms[0], 100, obj), _segfault(comms[0], 101, "libc.so.6"))
+    assert (one_program.action, one_program.blame_nodes) == ("requeue", [])
