@@ -51,8 +51,6 @@ def test_a_slurm_program_s_fatal_line_is_a_failure_of_unknown_cause(
     # Slurm's tables do not list is a failure all the same (restarted once), never "none"
     v = verdict(f"{program}: fatal: {words.strip()}", nodes=["n1"])
     assert (v.action, v.blame_nodes) == ("requeue", [])
-    daemon = verdict(f"[2026-12-01T10:00:00.123] fatal: {words.strip()}", nodes=["n1"])
-    assert (daemon.action, daemon.blame_nodes) == ("requeue", [])
     # Slurm ending the job on purpose still needs nothing
     ended = verdict(
         "slurmstepd: error: *** JOB 12 ON gpu07 CANCELLED AT 2026-12-01T10:00:00 "
@@ -118,3 +116,21 @@ def test_programs_crashing_in_one_library_or_one_program_crashing_is_not_the_nod
     # one program's ranks crashing in their own objects: its bug or build
     one_program = verdict(_segfault(comms[0], 100, obj), _segfault(comms[0], 101, "libc.so.6"))
     assert (one_program.action, one_program.blame_nodes) == ("requeue", [])
+
+
+@settings(max_examples=30, deadline=None)
+@given(gpus=st.integers(1, 16), data=st.data())
+def test_gpu_burn_s_faulty_gpu_blames_its_node_and_ok_is_nothing(
+    gpus: int, data: st.DataObject
+) -> None:
+    # gpu_burn-drv.cpp: printf("\nTested %d GPUs:\n"), then printf("\tGPU %d: %s\n", i,
+    # faulty ? "FAULTY" : "OK"): a GPU whose results differed from the reference
+    bad = data.draw(st.integers(0, gpus - 1))
+    report = [f"Tested {gpus} GPUs:"] + [
+        f"\tGPU {i}: {'FAULTY' if i == bad else 'OK'}" for i in range(gpus)
+    ]
+    v = verdict(*report, nodes=["n1"])
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue_exclude", "hardware", ["n1"])
+    assert ids(v) == ["gpu_tool.burn_faulty"]
+    clean = verdict(f"Tested {gpus} GPUs:", *(f"\tGPU {i}: OK" for i in range(gpus)), nodes=["n1"])
+    assert clean.action == "none"
