@@ -134,3 +134,22 @@ def test_gpu_burn_s_faulty_gpu_blames_its_node_and_ok_is_nothing(
     assert ids(v) == ["gpu_tool.burn_faulty"]
     clean = verdict(f"Tested {gpus} GPUs:", *(f"\tGPU {i}: OK" for i in range(gpus)), nodes=["n1"])
     assert clean.action == "none"
+
+
+@settings(max_examples=20, deadline=None)
+@given(program=st.sampled_from(["srun", "salloc", "sbatch"]))
+def test_a_client_retrying_its_allocation_blames_no_node(program: str) -> None:
+    # src/api/allocate.c _retry(): the client retries while slurmctld is busy; the words
+    # "not responding" are the controller's, not a node reason about the client's node
+    line = f"{program}: error: Slurm controller not responding, sleeping and retrying."
+    v = verdict(line, nodes=["n1"])
+    assert (v.action, v.blame_nodes) == ("none", [])
+    failed = verdict(
+        line,
+        f"{program}: error: Unable to allocate resources: Socket timed out on send/recv operation",
+        nodes=["n1"],
+    )
+    assert failed.blame_nodes == [] and failed.action != "none"
+    # a node Slurm itself reports not responding still blames it
+    node = verdict("   Reason=Not responding [slurm@2026-12-01T10:00:00]", nodes=["n1"])
+    assert (node.action, node.blame_nodes) == ("requeue_exclude", ["n1"])
