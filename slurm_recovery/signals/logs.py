@@ -963,6 +963,7 @@ def classify(
     ordered = _rebase_years(ordered)
     assessed = [(m, catalogue.assess(m), i) for i, m in enumerate(ordered)]
     assessed = _escalate_repeats(_xid_knock_ons(assessed, catalogue), catalogue)
+    assessed = _unrelated_crashes(assessed)
 
     def when(item: tuple[Match, Assessment, int]) -> tuple[bool, float, int]:
         m, _, index = item
@@ -1326,6 +1327,78 @@ def _escalate_repeats(
             )
         escalated.append((m, a, i))
     return escalated
+
+
+# The kernel's report of a user process killed by a memory fault (arch/x86/mm/fault.c
+# show_signal_msg: "%s[%d]: segfault at %lx ip %px sp %px error %lx", then " in <object>[...]";
+# arch/x86/kernel/traps.c: "traps: %s[%d] general protection fault ip:%lx sp:%lx error:%lx"):
+# the program's name (comm, at most 15 characters) and the object it crashed in.
+_KERNEL_CRASH = re.compile(
+    r"(?:^|[\s\]:])(?P<comm>[^\s\[\]]{1,16})\[\d{1,10}\]:? "
+    r"(?:segfault at [0-9a-f]{1,16} ip|general protection fault ip:)"
+)
+_CRASH_OBJECT = re.compile(r" in (?P<object>[^\s\[]{1,200})\[[0-9a-f]{1,16}\+[0-9a-f]{1,16}\]")
+#: Distinct programs, each in an object of its own, that the kernel saw crash on one node
+UNRELATED_CRASHES = 2
+
+
+def _unrelated_crashes(
+    assessed: list[tuple[Match, Assessment, int]],
+) -> list[tuple[Match, Assessment, int]]:
+    """Crashes of unrelated programs on one node are its memory or CPU: the kernel's segfault
+    and general-protection reports (:data:`_KERNEL_CRASH`) about one node (its host, else its
+    file) that name at least :data:`UNRELATED_CRASHES` different programs, crashing in as many
+    different objects, become a fault of that node (weak: excluded, never decisive).
+
+    One program's crash is its bug, its build or the node's memory, and the line cannot tell
+    (``process.segfault``: restarted once); a bug crashes its own program, or every program
+    that loads the same broken library (then the object is the same), not a compiler, a shell
+    and a Python process in objects of their own. A node with bit flips does (the kernel prints
+    the CPU since 6.2 for this reason: crashes that share a core, not a program)."""
+    seen: dict[str | None, set[tuple[str, str | None]]] = {}
+    crashes: list[tuple[int, str | None]] = []
+    for k, (m, _, _) in enumerate(assessed):
+        if m.signature_id not in ("process.segfault", "kernel.message"):
+            continue
+        found = _KERNEL_CRASH.search(m.text)
+        if found is None:
+            continue
+        where = _CRASH_OBJECT.search(m.text, found.end())
+        about = _about(m)
+        seen.setdefault(about, set()).add((found["comm"], where["object"] if where else None))
+        crashes.append((k, about))
+    if not crashes:
+        return assessed
+    unrelated = {
+        about
+        for about, pairs in seen.items()
+        if len({comm for comm, _ in pairs}) >= UNRELATED_CRASHES
+        and len({obj for _, obj in pairs if obj is not None}) >= UNRELATED_CRASHES
+    }
+    if not unrelated:
+        return assessed
+    out = list(assessed)
+    for k, about in crashes:
+        if about not in unrelated:
+            continue
+        m, a, i = out[k]
+        programs = sorted({comm for comm, _ in seen[about]})
+        out[k] = (
+            m,
+            replace(
+                a,
+                fault_class="hardware",
+                category="host_memory",
+                action="requeue_exclude",
+                knock_on=False,
+                decisive=False,
+                blame_node=True,
+                label=f"{len(programs)} unrelated programs crashed on one node "
+                f"({', '.join(programs[:3])}): its memory or CPU",
+            ),
+            i,
+        )
+    return out
 
 
 def _rebase_years(matches: list[Match]) -> list[Match]:

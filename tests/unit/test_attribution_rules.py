@@ -172,7 +172,7 @@ REAL = [
         "RuntimeError: DataLoader worker (pid 572) is killed by signal: Bus error. It is possible "
         "that dataloader's workers are out of shared memory. Please try to raise your shared "
         "memory limit.",
-        "process.segfault",
+        "nccl.shm_error",  # PyTorch's own hint names shared memory (not a plain bus error)
         "https://github.com/bytedance/Protenix/issues/2",
     ),
 ]
