@@ -132,6 +132,14 @@ def literal_pieces(message: str) -> tuple[str, ...]:
     return tuple(pieces) if sum(map(len, pieces)) >= MIN_LITERAL else ()
 
 
+def _cut_short(said: str, rest: str) -> bool:
+    """Whether ``said`` is ``said + rest`` cut short: without its hint (``rest`` is `` (run
+    with ...)``), or cut inside a word (a capture's length limit), rather than a whole shorter
+    message of its own (``Operation not permitted`` is not ``Operation not permitted on
+    individual component of heterogeneous job``)."""
+    return rest.startswith(" (") or (said[-1:].isalnum() and rest[:1].isalnum())
+
+
 def _in_order(line: str, pieces: tuple[str, ...]) -> bool:
     at = 0
     for piece in pieces:
@@ -204,9 +212,12 @@ class EmitterTables:
                     return found
         # a wrapped error ("Could not synchronize CUDA stream: CUDA_ERROR_X: msg"): what
         # follows each ": " in turn
+        # (each printed whole, or cut short by a capture's limit: never the first words of a
+        # longer message, as glibc's "Operation not permitted" after a Slurm function's name is
+        # not Slurm's "Operation not permitted on individual component of heterogeneous job")
         parts = code.split(": ")
         for k in range(1, len(parts)):
-            found = self._exact(order, ": ".join(parts[k:]))
+            found = self._exact(order, ": ".join(parts[k:]), whole=True)
             if found is not None:
                 return found
         # a message printed from a format ("execve(): %s: %s"), found inside the line
@@ -216,9 +227,9 @@ class EmitterTables:
                 return member
         return None
 
-    def _exact(self, order: list[str], code: str) -> Member | None:
+    def _exact(self, order: list[str], code: str, *, whole: bool = False) -> Member | None:
         """A member named by ``code`` itself: name, message, a message it begins with, or one
-        that begins with it."""
+        that begins with it (not when ``whole``: ``code`` is a message printed whole)."""
         code = code.strip()
         for table in order:
             found = self._names.get((table, code))
@@ -235,6 +246,8 @@ class EmitterTables:
         if len(said) >= MIN_LITERAL:  # a message printed without its hint ("(run with ...)")
             for (table, message), member in self._prefixes:
                 if table in order and message.startswith(said):
+                    if whole and not _cut_short(said, message[len(said) :]):
+                        continue
                     return member
         return None
 
