@@ -1187,7 +1187,9 @@ _PG = re.compile(r"\[PG (?:ID )?(?P<pg>\d{1,9})\b")
 #: PyTorch's warning that the program exits without destroy_process_group()
 EXIT_WITHOUT_DESTROY = "torch.exit_without_destroy"
 #: Lines that say a collective or its watchdog timed out on this rank
-_TIMEOUTS = frozenset({"torch.nccl_watchdog_timeout", "torch.heartbeat_timeout"})
+_TIMEOUTS = frozenset(
+    {"torch.nccl_watchdog_timeout", "torch.heartbeat_timeout", "torch.store_barrier_timeout"}
+)
 #: A collective timeout at this sequence number or below happened at start-up: the ranks never
 #: met (a wrong world size, address or interface), not a node that went quiet in training.
 STARTUP_SEQ = 2
@@ -1266,7 +1268,9 @@ def _one_node_timeout(failing: Sequence[Match]) -> str | None:
     rank's evaluation, tokenising or saving, a collective only some ranks call, a deadlock),
     or its GPU hung, which the driver reports as an XID (decisive: it wins, in the log and in
     the controller's node evidence). A startup hang from broken peer-to-peer is the first
-    collectives' rule already (:func:`_collective_mistake`)."""
+    collectives' rule already (:func:`_collective_mistake`). A rank that never joined the
+    process group (the store-based barrier's or the store's timeout) is the same on one node:
+    it crashed (its own error is then the root), never started, or was busy elsewhere."""
     timed_out = [m for m in failing if m.signature_id in _TIMEOUTS]
     if not timed_out:
         return None

@@ -141,3 +141,17 @@ def test_pytorch_s_store_and_connect_timeouts_are_restarted_not_stopped(
     ):
         v = verdict(line)
         assert v.action == "requeue" and v.blame_nodes == [], line
+
+
+def test_ranks_that_never_joined_are_the_program_s_in_a_one_node_job_only() -> None:
+    # the store-based barrier and the store's server time out waiting for ranks that did not
+    # arrive: a symptom, restarted once; on one node no network stands between ranks and store
+    for line in (
+        "RuntimeError: Timed out initializing process group in store based barrier on rank: 0, "
+        "for key: store_based_barrier_key:1 (world_size=2, worker_count=1, timeout=0:30:00)",
+        "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. "
+        "1/2 clients joined.",
+    ):
+        assert outcome(verdict(line)) == ("requeue", "unknown", [])
+        assert outcome(verdict(line, nodes=["gpu07"])) == ("stop", "application", [])
+        assert outcome(verdict(line, nodes=["gpu07", "gpu08"])) == ("requeue", "unknown", [])
