@@ -964,6 +964,7 @@ def classify(
     assessed = [(m, catalogue.assess(m), i) for i, m in enumerate(ordered)]
     assessed = _escalate_repeats(_xid_knock_ons(assessed, catalogue), catalogue)
     assessed = _unrelated_crashes(assessed)
+    assessed = _compiler_retry(assessed)
 
     def when(item: tuple[Match, Assessment, int]) -> tuple[bool, float, int]:
         m, _, index = item
@@ -1403,6 +1404,29 @@ def _unrelated_crashes(
             i,
         )
     return out
+
+
+#: a compiler killed by the kernel (its out-of-memory killer's SIGKILL), or the kernel's kill
+#: itself: then the driver's retry that passed says the memory was freed, not that it is bad
+_KILLED_COMPILER = frozenset({"gcc.ice_killed", "kernel.oom_killed", "slurm.oom_kill"})
+
+
+def _compiler_retry(
+    assessed: list[tuple[Match, Assessment, int]],
+) -> list[tuple[Match, Assessment, int]]:
+    """GCC's driver re-runs a compiler that crashed; when the re-run passes it prints "The bug
+    is not reproducible, so it is likely a hardware or OS problem" (``gcc.ice_not_reproducible``:
+    the node's memory or CPU). When the crash was a SIGKILL from the out-of-memory killer
+    (:data:`_KILLED_COMPILER` in the log), the re-run passed because memory was free again: the
+    line is then a symptom of the job's memory use, not of the node."""
+    if not any(m.signature_id in _KILLED_COMPILER for m, _, _ in assessed):
+        return assessed
+    return [
+        (m, replace(a, action="requeue", knock_on=True, decisive=False, blame_node=False), i)
+        if m.signature_id == "gcc.ice_not_reproducible"
+        else (m, a, i)
+        for m, a, i in assessed
+    ]
 
 
 def _rebase_years(matches: list[Match]) -> list[Match]:
