@@ -415,7 +415,17 @@ class ControllerConfig(_Section):
             description="Evidence requests waiting to be stored beyond which new ones are "
             "refused with HTTP 429 and a Retry-After; the sidecars keep their events and retry.",
         ),
-    ] = 1000
+    ] = 20_000
+    max_queued_bytes: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1_048_576,
+            le=4_294_967_296,
+            description="Bytes of request bodies waiting to be stored beyond which new "
+            "evidence requests are refused with HTTP 429 (as max_queued_requests): what bounds "
+            "the controller's memory under a flood of large batches.",
+        ),
+    ] = 67_108_864
     spool_dir: Annotated[
         AbsPath,
         msgspec.Meta(

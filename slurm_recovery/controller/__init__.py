@@ -2,8 +2,9 @@
 
 Its edge to the world: :func:`main` reads the configuration, tells systemd how the loop fares
 through the controller's per-pass callback (:class:`SystemdNotifier`), and reads the one test
-seam, ``SRECOVERY_FAILPOINT`` (:func:`failpoint_from_env`), once at start-up. The loop itself
-reads no environment and is patched by nobody.
+seam, ``SRECOVERY_FAILPOINT`` (:func:`failpoint_from_env`), once at start-up, and which
+event loop serves the HTTP API (:func:`new_event_loop`). The loop itself reads no environment
+and is patched by nobody.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ FAILPOINT_ENV = "SRECOVERY_FAILPOINT"
 #: every live object: 0.3-0.5 s with 10,000 open connections on the bench machine, while no
 #: request is answered (docs/performance.md, "Pauses").
 GC_YOUNG_THRESHOLD = 50_000
+
+#: ``auto`` (the default): uvloop where it is installed, else asyncio's own loop; ``asyncio``
+#: or ``uvloop`` to insist (docs/troubleshooting.md).
+EVENT_LOOP_ENV = "SRECOVERY_EVENT_LOOP"
 
 
 class UnsafeStateError(Exception):
@@ -134,13 +139,19 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
     except Exception as exc:  # a clear line, not a traceback, for config/policy/Slurm trouble
         click.echo(f"srecovery-controller: cannot start: {exc}", err=True)
         sys.exit(1)
+    try:
+        loop, loop_name = new_event_loop(os.environ)
+    except ValueError as exc:
+        click.echo(f"srecovery-controller: cannot start: {exc}", err=True)
+        sys.exit(2)
     host, port = split_host_port(config.controller.listen)
     logging.getLogger("srecovery.controller").info(
-        "listening on %s%s (config %s, store %s)",
+        "listening on %s%s (config %s, store %s, event loop %s)",
         config.controller.listen,
         " with TLS" if tls else "",
         config.source or "defaults",
         config.store.path,
+        loop_name,
     )
     app = controller.app()
     app.on_startup.append(settle_gc)  # after the controller's own start-up
@@ -154,7 +165,31 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
         print=None,
         access_log=None,
         handle_signals=True,
+        loop=loop,
     )
+
+
+def new_event_loop(env: Mapping[str, str]) -> tuple[asyncio.AbstractEventLoop, str]:
+    """The event loop the HTTP API runs on, and its name for the log. uvloop where it is
+    installed: its transports, polling and callbacks are C, and at thousands of requests a
+    second they are most of what a request costs (docs/performance.md, "The event loop").
+    ``$SRECOVERY_EVENT_LOOP`` (:data:`EVENT_LOOP_ENV`) = ``asyncio`` takes asyncio's own
+    loop (a what-if, or a way around a uvloop fault); ``uvloop`` refuses to start without it."""
+    choice = env.get(EVENT_LOOP_ENV, "").strip().lower() or "auto"
+    if choice not in ("auto", "uvloop", "asyncio"):
+        raise ValueError(f"{EVENT_LOOP_ENV}={choice!r}: expected auto, uvloop or asyncio")
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise ValueError(
+                    f"{EVENT_LOOP_ENV}=uvloop, but uvloop is not installed "
+                    "(pip install uvloop, or the python3-uvloop package)"
+                ) from None
+        else:
+            return uvloop.new_event_loop(), f"uvloop {uvloop.__version__}"
+    return asyncio.new_event_loop(), "asyncio"
 
 
 async def settle_gc(app: Any = None) -> None:

@@ -230,6 +230,7 @@ class Controller:
         self._ingest_queue: list[
             tuple[web.Request, bytes, Checked | None, asyncio.Future[Any]]
         ] = []
+        self._queued_bytes = 0  # the bodies in _ingest_queue (controller.max_queued_bytes)
         self._ingest_flushing = False
         self._ingest_task: asyncio.Task[None] | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -427,13 +428,13 @@ class Controller:
 
     async def post_evidence(self, request: web.Request) -> web.Response:
         started = time.monotonic()
-        waiting = len(self._ingest_queue)
-        if waiting >= self.config.controller.max_queued_requests:
+        busy = self._queue_full(request.content_length)
+        if busy:
             # refused before reading the body or decoding the credential: cheap under a flood;
             # a random Retry-After spreads the sidecars' retries
             self.metrics.ingest_rejects.labels("429").inc()
             return web.json_response(
-                {"error": f"busy: {waiting} requests waiting to be stored; retry later"},
+                {"error": f"busy: {busy}; retry later"},
                 status=429,
                 headers={"Retry-After": str(random.randint(1, 5))},
             )
@@ -465,6 +466,20 @@ class Controller:
             self._wake.set()
         # accepted: every event; ids: those stored as evidence (an unchanged status is not)
         return web.json_response({"accepted": accepted, "ids": ids}, status=202)
+
+    def _queue_full(self, length: int | None) -> str:
+        """Why a new evidence request of ``length`` bytes (None: not said, so as large as
+        allowed) does not fit in the queue for the ingest thread, or "" when it does. The count
+        bounds the work waiting, the bytes the memory it holds; an empty queue takes any
+        request the body limit lets in."""
+        limits = self.config.controller
+        waiting = len(self._ingest_queue)
+        if waiting >= limits.max_queued_requests:
+            return f"{waiting} requests waiting to be stored"
+        size = limits.max_request_bytes if length is None else length
+        if waiting and self._queued_bytes + size > limits.max_queued_bytes:
+            return f"{self._queued_bytes} bytes of requests waiting to be stored"
+        return ""
 
     async def post_session(self, request: web.Request) -> web.Response:
         """A sidecar opens a session (contract/sessions.py); 404 when sessions are off."""
@@ -547,6 +562,7 @@ class Controller:
         ``checked``: the request as ``_checked_here`` already checked it."""
         done: asyncio.Future[Ingested] = asyncio.get_running_loop().create_future()
         self._ingest_queue.append((request, body, checked, done))
+        self._queued_bytes += len(body)
         if not self._ingest_flushing:
             self._ingest_flushing = True
             self._ingest_task = asyncio.create_task(self._flush_ingest())
@@ -556,6 +572,7 @@ class Controller:
         try:
             while self._ingest_queue:
                 group, self._ingest_queue = self._ingest_queue, []
+                self._queued_bytes = 0
                 try:
                     results = await self.ingest.run(self._ingest_many, [item[:3] for item in group])
                 except Exception as exc:  # the commit itself failed: nothing was stored

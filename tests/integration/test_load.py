@@ -1,7 +1,8 @@
 """Load beyond what the controller can store (docs/reliability.md#load): a real controller
 process flooded with signed evidence by many clients while real sidecar senders (outbox on
 disk) deliver their own events. The controller answers 429 with a Retry-After instead of
-queueing without bound, /healthz keeps answering, the senders back off, and once the flood
+queueing without bound (by count, ``controller.max_queued_requests``, or by bytes,
+``controller.max_queued_bytes``), /healthz keeps answering, the senders back off, and once the flood
 ends every sender event is stored exactly once.
 
 ``SRECOVERY_LOAD_SECONDS`` (default 15; 60 for the documented run) sets the flood's length."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import sqlite3
 import statistics
 import tempfile
@@ -35,26 +37,36 @@ SENDERS = ("n1", "n2", "n3", "n4")
 PER_SENDER = 300
 
 
-def post(port: int, body: bytes, headers: dict[str, str]) -> tuple[int, str | None]:
+def post(port: int, body: bytes, headers: dict[str, str]) -> tuple[int, str | None, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
         conn.request("POST", "/v1/evidence", body=body, headers=headers)
         resp = conn.getresponse()
-        resp.read()
-        return resp.status, resp.getheader("Retry-After")
+        return resp.status, resp.getheader("Retry-After"), resp.read()
     finally:
         conn.close()
 
 
 @pytest.mark.timeout(SECONDS * 6 + 240)
-def test_a_flood_gets_429s_health_answers_and_no_sender_event_is_lost(local_cluster, tmp_path):
+@pytest.mark.parametrize(
+    ("limit", "pad", "why"),
+    [
+        ("max_queued_requests = 10", 0, r"busy: \d+ requests waiting to be stored; "),
+        # batches of about 200 KB: 24 of them are past 1 MiB long before 20,000 requests
+        ("max_queued_bytes = 1048576", 2000, r"busy: \d+ bytes of requests waiting to be stored; "),
+    ],
+    ids=["by-count", "by-bytes"],
+)
+def test_a_flood_gets_429s_health_answers_and_no_sender_event_is_lost(
+    local_cluster, tmp_path, limit, pad, why
+):
     base = Path(tempfile.mkdtemp(prefix="srecovery-load-"))
     base.chmod(0o755)
     port = _free_port_block(1, start=local_cluster.port_base + 900)
     devstack.write_policy(base / "policy.toml", "monitor", "")
     config = devstack.write_config(base, local_cluster, port)
     text = config.read_text()
-    config.write_text(text.replace("[controller]\n", "[controller]\nmax_queued_requests = 10\n", 1))
+    config.write_text(text.replace("[controller]\n", f"[controller]\n{limit}\n", 1))
     pid = devstack.start_controller(config, base / "controller.log")
     url = f"http://127.0.0.1:{port}"
     socket = str(local_cluster.munge_socket)
@@ -63,12 +75,13 @@ def test_a_flood_gets_429s_health_answers_and_no_sender_event_is_lost(local_clus
         stop = threading.Event()
         statuses: dict[int, int] = {}
         retry_after: set[str] = set()
+        reasons: set[str] = set()
         lock = threading.Lock()
 
         def flood(i: int) -> None:
             events = [
                 event_to_json("progress", time.time(), node="n1", job_id=900_000 + i,
-                              payload={"step": s, "flood": True})
+                              payload={"step": s, "flood": True, "pad": "x" * pad})
                 for s in range(100)
             ]  # fmt: skip
             body = json.dumps({"events": events}).encode()
@@ -77,13 +90,15 @@ def test_a_flood_gets_429s_health_answers_and_no_sender_event_is_lost(local_clus
                     "POST", "/v1/evidence", body, role="operator", socket=socket
                 )
                 try:
-                    status, after = post(port, body, headers)
+                    status, after, answer = post(port, body, headers)
                 except OSError:
-                    status, after = 0, None
+                    status, after, answer = 0, None, b""
                 with lock:
                     statuses[status] = statuses.get(status, 0) + 1
                     if after:
                         retry_after.add(after)
+                    if status == 429:
+                        reasons.add(json.loads(answer)["error"])
 
         health_ms: list[float] = []
 
@@ -153,6 +168,7 @@ def test_a_flood_gets_429s_health_answers_and_no_sender_event_is_lost(local_clus
             f"({len(health_ms)} probes)"
         )
         assert statuses.get(429, 0) > 0 and retry_after <= {"1", "2", "3", "4", "5"}
+        assert reasons and all(re.match(why, r) for r in reasons), reasons
         assert set(statuses) <= {202, 429}, statuses  # never a 5xx, never a dropped connection
         assert max(health_ms) < 5000, health_ms
         assert all(len(box) == 0 for box in outboxes.values())  # every sender drained

@@ -147,6 +147,10 @@ def test_controller_and_sidecar(rpms: dict[str, Path]) -> None:
     main = _run("rpm", "-qp", "--qf", qf, rpms["slurm-recovery"]).splitlines()
     assert "-rw-r--r-- root:root /etc/slurm-recovery/config.toml" in main
     assert f"slurm-recovery = {version}-{release}" in _requires(controller)
+    # a weak dependency: the controller runs on asyncio's loop without it
+    recommends = _run("rpm", "-qp", "--recommends", controller).splitlines()
+    assert "python3dist(uvloop) >= 0.19" in {line.strip() for line in recommends}
+    assert not any("uvloop" in dep for dep in _requires(controller))
     for sub in ("controller", "sidecar"):
         if (ROOT / f"packaging/systemd/tmpfiles.d/slurm-recovery-{sub}.conf").is_file():
             conf = f"/usr/lib/tmpfiles.d/slurm-recovery-{sub}.conf"

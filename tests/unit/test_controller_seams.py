@@ -1,6 +1,6 @@
 """The controller's two seams (docs/troubleshooting.md): the per-pass callback systemd's
 notifications ride on, and the step callback the ``SRECOVERY_FAILPOINT`` kill rides on; and
-the daemon's start-up hook for the garbage collector."""
+the daemon's start-up hook for the garbage collector, and its choice of event loop."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ from msgspec.structs import replace
 
 from slurm_recovery.config import Config
 from slurm_recovery.controller import (
+    EVENT_LOOP_ENV,
     FAILPOINT_ENV,
     GC_YOUNG_THRESHOLD,
     failpoint_from_env,
+    new_event_loop,
     settle_gc,
 )
 from slurm_recovery.controller.loop import Reconciler
@@ -132,3 +134,79 @@ def test_the_daemon_takes_its_start_up_objects_out_of_the_collectors_walks():
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def _serve_one_request(loop: asyncio.AbstractEventLoop) -> bytes:
+    """A request answered by an aiohttp server on ``loop``: the loop can serve the API."""
+    from aiohttp import web
+
+    async def go() -> bytes:
+        app = web.Application()
+
+        async def hello(request: web.Request) -> web.Response:
+            return web.Response(body=await request.read())
+
+        app.router.add_post("/", hello)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        body = await reader.readexactly(2)
+        writer.close()
+        await runner.cleanup()
+        return head.split(b"\r\n", 1)[0] + b" " + body
+
+    try:
+        return loop.run_until_complete(go())
+    finally:
+        loop.close()
+
+
+def test_the_api_runs_on_uvloop_where_installed():
+    import uvloop  # a dependency (pyproject.toml): missing here is an install fault, not a skip
+
+    loop, name = new_event_loop({})
+    assert name == f"uvloop {uvloop.__version__}"
+    assert type(loop).__module__.startswith("uvloop")
+    assert _serve_one_request(loop) == b"HTTP/1.1 200 OK hi"
+
+
+def test_asyncio_s_own_loop_when_asked_or_without_uvloop(monkeypatch):
+    loop, name = new_event_loop({EVENT_LOOP_ENV: "asyncio"})
+    assert (name, type(loop).__module__) == ("asyncio", "asyncio.unix_events")
+    assert _serve_one_request(loop) == b"HTTP/1.1 200 OK hi"
+    monkeypatch.setitem(__import__("sys").modules, "uvloop", None)  # as if not installed
+    loop, name = new_event_loop({})
+    loop.close()
+    assert name == "asyncio"
+    with pytest.raises(ValueError, match="uvloop is not installed"):
+        new_event_loop({EVENT_LOOP_ENV: "uvloop"})
+
+
+def test_an_event_loop_it_does_not_know_is_refused():
+    with pytest.raises(ValueError, match="expected auto, uvloop or asyncio"):
+        new_event_loop({EVENT_LOOP_ENV: "trio"})
+
+
+def test_the_ingest_queue_is_bounded_by_count_and_by_bytes(tmp_path: Path):
+    base = config(tmp_path)
+    limits = replace(
+        base.controller,
+        max_queued_requests=3,
+        max_queued_bytes=2_000_000,
+        max_request_bytes=1_048_576,
+    )
+    controller = Controller(replace(base, controller=limits), insecure_no_auth=True)
+    assert controller._queue_full(1_048_576) == ""  # an empty queue takes any allowed body
+    controller._ingest_queue.append(("request", b"x" * 1_500_000, None, None))  # type: ignore[arg-type]
+    controller._queued_bytes = 1_500_000
+    assert controller._queue_full(400_000) == ""
+    assert controller._queue_full(600_000) == "1500000 bytes of requests waiting to be stored"
+    assert controller._queue_full(None) == "1500000 bytes of requests waiting to be stored"
+    controller._ingest_queue *= 3
+    assert controller._queue_full(10) == "3 requests waiting to be stored"
