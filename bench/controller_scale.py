@@ -157,6 +157,14 @@ def db_usage(path: Path) -> tuple[int, int]:
     return (pages - free) * size, rows
 
 
+def files_on_disk(path: Path) -> dict[str, int]:
+    """The store's files' sizes on disk, bytes: the database and its write-ahead log."""
+    return {
+        name: (Path(f"{path}{suffix}").stat().st_size if Path(f"{path}{suffix}").exists() else 0)
+        for name, suffix in (("db", ""), ("wal", "-wal"))
+    }
+
+
 def sdiag_rpcs(env: dict[str, str]) -> dict[str, int]:
     """slurmctld's RPC counts by message type (``sdiag``), less sdiag's own and the slurmds'
     registrations: what clients asked of it."""
@@ -704,6 +712,7 @@ def run_load(
     cpu0 = {k: cpu(p) for k, p in pids.items()}
     wait0 = cpu_wait(stack.controller)
     db0 = db_usage(stack.store)
+    files0 = files_on_disk(stack.store)
     w0 = time.time()
     sleep_until(t0 + args.warmup + args.duration)
     cpu1 = {k: cpu(p) for k, p in pids.items()}
@@ -711,6 +720,7 @@ def run_load(
     w1 = time.time()
     rpcs1 = sdiag_rpcs(stack.env())
     db1 = db_usage(stack.store)
+    files1 = files_on_disk(stack.store)
     load1 = os.getloadavg()
     rss_end = rss_mb(stack.controller)
     stop_sampling.set()
@@ -760,7 +770,12 @@ def run_load(
         # the store's growth over the window, at this load for a day (a sidecar status is
         # stored only when it changes: growth follows stored events, not requests)
         "db_bytes_per_day": grown / wall * 86400,
+        "db_bytes_at_start": db0[0],
         "db_bytes_at_end": db1[0],
+        # what the disk holds: the database file and the write-ahead log file, at the
+        # window's start and end
+        "files_at_start": files0,
+        "files_at_end": files1,
     }
     if decide:
         result["decide_under_load"] = decide
@@ -815,6 +830,9 @@ def run_burst(
         duration=1.0,
         tail=0.0,
     )
+    # every node's request in flight at once if need be: a cap below that is the generator's
+    # limit, not the controller's, and reads as a request not sent
+    spec["max_outstanding"] = max(spec["max_outstanding"], nodes)
     before = count_burst(stack.store)
     gen, t0 = start_generator(spec, stack.base / f"burst-{nodes}.spec.json")
     time.sleep(max(0.0, t0 + 0.5 - time.time()))  # the middle of the burst
@@ -1091,6 +1109,13 @@ def print_table(report: dict[str, Any]) -> None:
     )
     for r in runs:
         print(f"  {r['nodes']} nodes, RPCs/s by type: {r['slurm_rpcs_per_s']}")
+        a, b = r["files_at_start"], r["files_at_end"]
+        print(
+            f"  {r['nodes']} nodes, the store over the {r['window_s']:.0f} s window: in use "
+            f"{r['db_bytes_at_start'] / 1e6:.1f} -> {r['db_bytes_at_end'] / 1e6:.1f} MB; on "
+            f"disk: state.db {a['db'] / 1e6:.1f} -> {b['db'] / 1e6:.1f} MB, state.db-wal "
+            f"{a['wal'] / 1e6:.1f} -> {b['wal'] / 1e6:.1f} MB"
+        )
     print(f"retention: {report['retention']}")
     c = report.get("pass_costs")
     if c:

@@ -106,3 +106,26 @@ def test_durability_settings(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+
+
+def test_the_write_ahead_log_file_is_cut_back_once_checkpointed(tmp_path: Path) -> None:
+    """A burst of writes grows state.db-wal past WAL_SIZE_LIMIT; once a checkpoint has copied
+    it all, the next commit writes the log from its start and cuts the file back to the limit
+    (without journal_size_limit it would stay at its high-water mark)."""
+    from slurm_recovery.store.store import WAL_SIZE_LIMIT
+
+    path = tmp_path / "state.db"
+    wal = tmp_path / "state.db-wal"
+    with Store.open(path, auto_checkpoint=False) as store, Store.open(path) as checkpointer:
+        filler = "x" * 12_000  # a payload under the wire's 16 KiB: one overflow chain each
+        for batch in range(30):
+            store.add_evidence(
+                [Evidence("nvml", "note", 1.0 + i, payload={"f": filler}) for i in range(100)],
+                received_at=1.0 + batch,
+            )
+        grown = wal.stat().st_size
+        assert grown > WAL_SIZE_LIMIT * 1.5, grown
+        result = checkpointer.checkpoint()
+        assert not result.busy and result.copied == result.wal_pages
+        store.add_evidence([Evidence("nvml", "xid", 99.0)], received_at=99.0)
+        assert wal.stat().st_size <= WAL_SIZE_LIMIT, (grown, wal.stat().st_size)
