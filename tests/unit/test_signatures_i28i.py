@@ -137,3 +137,60 @@ def test_a_one_node_job_that_never_reached_its_store_is_restarted_not_stopped() 
         "while trying to connect to (gpu-a02, 29500)."
     )
     assert answer(line, nodes=["n1"]) == ("requeue", [])
+
+
+# ------------------------------------------------ DCGM's API return codes (dcgmReturn_t)
+
+
+@pytest.mark.parametrize(
+    ("line", "action", "blamed"),
+    [
+        # dcgmi's 'Error: ... Return: ' + errorString() (dcgmlib/src/dcgm_errors.c)
+        ("Error: Unable to get GPU info. Return: GPU is lost", "requeue_exclude", True),
+        ("Error: Unable to update fields. Return: GPU requires reset", "requeue_exclude", True),
+        (
+            "dcgm_structs.DCGMError_NvvsIsolateError: The diagnostic returned an error that "
+            "indicates the need to drain the GPU",
+            "requeue_exclude",
+            True,
+        ),
+        (
+            "Error: Unable to start an embedded host engine. Host engine connection "
+            "invalid/disconnected.",
+            "requeue",
+            False,
+        ),
+        (
+            "Error: dcgmGetAllSupportedDevices() returned DCGM_ST_NVML_NOT_LOADED",
+            "requeue",
+            False,
+        ),
+        ("Error: Unable to get GPU info. Return: Timeout", "requeue", False),
+        ("Error: Unable to update fields. Return: Success", "none", False),
+        ("Error: Unable to retrieve job statistics. Return: No data is available.", "none", False),
+        ("Error: Unable to get GPU info. Return: Field is not being watched", "none", False),
+    ],
+)
+def test_dcgm_return_codes_read_by_their_table(line: str, action: str, blamed: bool) -> None:
+    got, blame = answer(line, nodes=["n1"])
+    assert got == action
+    assert blame == (["n1"] if blamed else [])
+
+
+def test_dcgm_s_own_finding_about_its_host_engine_stays_a_warning() -> None:
+    # DCGM_FR_HOSTENGINE_CONN (severity MONITOR) quotes the return code's text: gpu_tool.dcgm's
+    line = (
+        "| Warning: GPU0             | Could not connect to the host engine: 'Host engine "
+        "connection invalid/disconnected' |"
+    )
+    assert answer(line, nodes=["n1"]) == ("none", [])
+
+
+def test_every_dcgm_return_code_is_listed_with_its_text() -> None:
+    from slurm_recovery.signals.emitters import load_emitter_tables
+
+    table = load_emitter_tables().tables["dcgm_return"]
+    values = sorted(m.value for m in table.members if m.value is not None)
+    # DCGM_ST_OK = 0 and -1 .. -67 (-2 is not used)
+    assert values == sorted([0, -1, *range(-67, -2)])
+    assert all(m.message for m in table.members)
