@@ -194,3 +194,103 @@ def test_every_dcgm_return_code_is_listed_with_its_text() -> None:
     # DCGM_ST_OK = 0 and -1 .. -67 (-2 is not used)
     assert values == sorted([0, -1, *range(-67, -2)])
     assert all(m.message for m in table.members)
+
+
+# ------------------------------------------------ Slurm's mpi/pmix plugin (PMIXP_ERROR)
+
+PMIX = "slurmstepd: error:  mpi/pmix_v4: {func}: {host} [{nodeid}]: {file}:{line}: {msg}"
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    host=st.sampled_from(["gpu-a07", "n12", "cn0042"]),
+    nodeid=st.integers(min_value=0, max_value=4095),
+    line=st.integers(min_value=1, max_value=99999),
+    site=st.sampled_from(
+        [
+            (
+                "pmixp_coll_ring_reset_if_to",
+                "pmixp_coll_ring.c",
+                "0x1552f4: collective timeout seq=0",
+            ),
+            (
+                "pmixp_coll_tree_reset_if_to",
+                "pmixp_coll_tree.c",
+                "0x7f2c3c: collective timeout seq=4",
+            ),
+            ("pmixp_p2p_send", "pmixp_utils.c", "send failed, rc=2, exceeded the retry limit"),
+            ("pmixp_server_direct_conn", "pmixp_server.c", "Unable to connect to 3"),
+            ("_dmdx_req", "pmixp_dmdx.c", "timeout: ns=slurm.pmix.42.0, rank=5, host=n2, ts=17"),
+            ("_tcp_connect", "pmixp_dconn_tcp.c", "Cannot establish the connection"),
+        ]
+    ),
+)
+def test_pmix_messages_between_step_daemons_are_symptoms(
+    host: str, nodeid: int, line: int, site: tuple[str, str, str]
+) -> None:
+    func, file, msg = site
+    text = PMIX.format(func=func, host=host, nodeid=nodeid, file=file, line=line, msg=msg)
+    assert answer(text, nodes=[host, "other"]) == ("requeue", [])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    host=st.sampled_from(["gpu-a07", "n12", "cn0042"]),
+    line=st.integers(min_value=1, max_value=99999),
+    site=st.sampled_from(
+        [
+            (
+                "pmixp_usock_create_srv",
+                "pmixp_utils.c",
+                "Cannot bind() UNIX socket /var/spool/slurmd/stepd.slurm.pmix.42.0: "
+                "Address already in use (98)",
+            ),
+            (
+                "pmixp_libpmix_init",
+                "pmixp_client.c",
+                'Cannot create server lib tmpdir: "/var/spool/slurmd/pmix.42.0/": '
+                "No space left on device (28)",
+            ),
+            (
+                "mpi_p_slurmstepd_prefork",
+                "mpi_pmix.c",
+                "pmi/pmix: incorrect PMIx library version loaded 4 was loaded, required 5 version",
+            ),
+            ("mpi_p_slurmstepd_prefork", "mpi_pmix.c", "pmi/pmix: can not load PMIx library"),
+        ]
+    ),
+)
+def test_pmix_setup_failing_on_a_node_blames_the_node_it_names(
+    host: str, line: int, site: tuple[str, str, str]
+) -> None:
+    func, file, msg = site
+    text = PMIX.format(func=func, host=host, nodeid=0, file=file, line=line, msg=msg)
+    assert answer(text, nodes=[host, "other"]) == ("requeue_exclude", [host])
+
+
+def test_pmix_lines_that_are_no_failure_or_unblamed() -> None:
+    ring = PMIX.format(
+        func="pmixp_info_set",
+        host="n1",
+        nodeid=0,
+        file="pmixp_info.c",
+        line=180,
+        msg="Ring collective algorithm cannot be used with Slurm RPC's communication "
+        "subsystem. Tree-based collective will be used instead.",
+    )
+    assert answer(ring) == ("none", [])
+    init = PMIX.format(
+        func="pmixp_lib_init",
+        host="n1",
+        nodeid=0,
+        file="pmixp_client_v2.c",
+        line=511,
+        msg="PMIx_server_init failed with error -2",
+    )
+    assert answer(init, nodes=["n1", "n2"]) == ("requeue", [])
+    # Slurm before the _vN plugin names: 'mpi/pmix: '
+    old = (
+        "[2019-03-02T10:00:00.000] [77.0] error:  mpi/pmix: pmixp_coll_ring_reset_if_to: n3 "
+        "[2]: pmixp_coll_ring.c:738: 0x7f: collective timeout seq=0"
+    )
+    assert answer(old, nodes=["n3", "n4"]) == ("requeue", [])
