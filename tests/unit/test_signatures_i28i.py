@@ -294,3 +294,49 @@ def test_pmix_lines_that_are_no_failure_or_unblamed() -> None:
         "[2]: pmixp_coll_ring.c:738: 0x7f: collective timeout seq=0"
     )
     assert answer(old, nodes=["n3", "n4"]) == ("requeue", [])
+
+
+# ------------------------------------------------ a node's own directories gone read-only
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    top=st.sampled_from(
+        ["/tmp", "/var/tmp", "/var/lib", "/var/log", "/var/spool", "/var/cache", "/run", "/dev/shm"]
+    ),
+    leaf=st.from_regex(r"[a-z][a-z0-9_.-]{0,20}", fullmatch=True),
+    form=st.sampled_from(
+        [
+            "touch: cannot touch '{p}': Read-only file system",
+            "mkdir: cannot create directory '{p}': Read-only file system",
+            "open {p}: read-only file system",
+            "OSError: [Errno 30] Read-only file system: '{p}'",
+            "mktemp: failed to create file via template '{p}': Read-only file system",
+        ]
+    ),
+)
+def test_a_node_s_own_directory_read_only_blames_the_node(top: str, leaf: str, form: str) -> None:
+    line = form.format(p=f"{top}/{leaf}")
+    assert answer(line, nodes=["n1"]) == ("requeue_exclude", ["n1"])
+    assert answer(line, nodes=["n1", "n2"]) == ("requeue", [])  # which node: not said
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "touch: cannot touch '/home/user/run/x.txt': Read-only file system",
+        "OSError: [Errno 30] Read-only file system: '/opt/conda/lib/python3.10/site-packages/x'",
+        "cp: cannot create regular file '/usr/local/bin/tool': Read-only file system",
+        "open /scratch/job42/out.bin: read-only file system",
+    ],
+)
+def test_a_read_only_image_or_share_stays_a_restart(line: str) -> None:
+    assert answer(line, nodes=["n1"]) == ("requeue", [])
+
+
+def test_bash_here_document_on_a_read_only_node() -> None:
+    line = (
+        "Nov 28 08:00:43 gpu-a07 job.sh[1051774]: /var/spool/slurmd/job42/slurm_script: line 12: "
+        "cannot create temp file for here-document: Read-only file system"
+    )
+    assert answer(line) == ("requeue_exclude", ["gpu-a07"])
