@@ -340,3 +340,47 @@ def test_bash_here_document_on_a_read_only_node() -> None:
         "cannot create temp file for here-document: Read-only file system"
     )
     assert answer(line) == ("requeue_exclude", ["gpu-a07"])
+
+
+# ------------------------------------------------ Slurm refusing a submission's own options
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # src/common/slurm_opt.c, proc_args.c, parse_value.c, sbatch/opt.c, srun/opt.c
+        "sbatch: error: Invalid --time specification",
+        "srun: fatal: --mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive.",
+        "sbatch: error: invalid number of nodes (-N 0-0)",
+        'sbatch: error: "x2" is not a valid node count',
+        "srun: error: --exact and --whole are mutually exclusive.",
+        "sbatch: error: Invalid directive found in batch script: --gpu",
+        "srun: fatal: --gpus-per-node and --gres=gpu are mutually exclusive.",
+        "salloc: error: Cannot specify both --bb and --bbf",
+    ],
+)
+def test_a_submission_s_invalid_options_are_its_own(line: str) -> None:
+    v = verdict(line, nodes=["n1"])
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("stop", "application", [])
+
+
+@pytest.mark.parametrize(
+    ("line", "action"),
+    [
+        (
+            "sbatch: error: There is a problem talking to the database: Connection refused.  "
+            "Only local cluster communication is available, remove --cluster or contact your "
+            "admin.",
+            "requeue",
+        ),
+        ("srun: error: getcwd failed: Stale file handle", "requeue"),
+        (
+            "srun: error: Thread value --threads=64 exceeds recommended limit of 60",
+            "none",
+        ),
+    ],
+)
+def test_a_submit_host_s_trouble_is_restarted_and_a_warning_is_nothing(
+    line: str, action: str
+) -> None:
+    assert answer(line, nodes=["n1"]) == (action, [])
