@@ -384,3 +384,46 @@ def test_a_submit_host_s_trouble_is_restarted_and_a_warning_is_nothing(
     line: str, action: str
 ) -> None:
     assert answer(line, nodes=["n1"]) == (action, [])
+
+
+# ------------------------------------------------ the shell's report of a killed command
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    line_no=st.integers(min_value=1, max_value=9999),
+    pid=st.integers(min_value=2, max_value=4194304),
+    sig=st.sampled_from(
+        [
+            ("Killed", "", "requeue"),
+            ("Segmentation fault", " (core dumped)", "requeue"),
+            ("Bus error", " (core dumped)", "requeue"),
+            ("Aborted", " (core dumped)", "requeue"),
+            ("Floating point exception", "(core dumped)", "stop"),
+            ("Illegal instruction", " (core dumped)", "stop"),
+            ("CPU time limit exceeded", " (core dumped)", "stop"),
+            ("Bad system call", " (core dumped)", "stop"),
+            ("Terminated", "", "none"),
+            ("User defined signal 1", "", "none"),
+            ("Stopped", "", "none"),
+        ]
+    ),
+)
+def test_bash_s_report_of_a_command_killed_by_a_signal(
+    line_no: int, pid: int, sig: tuple[str, str, str]
+) -> None:
+    text, core, action = sig
+    script = "/var/spool/slurmd/job42/slurm_script"
+    line = f"{script}: line {line_no}: {pid:>5} {text:<24}{core} python x.py"
+    assert answer(line, nodes=["n1"]) == (action, [])
+
+
+def test_a_shell_error_that_is_not_a_signal_is_not_read_as_one() -> None:
+    assert answer("./run.sh: line 3: cd: /nonexistent: No such file or directory")[0] != "stop"
+
+
+def test_every_linux_signal_has_a_member() -> None:
+    from slurm_recovery.signals.emitters import load_emitter_tables
+
+    table = load_emitter_tables().tables["signal_desc"]
+    assert sorted(m.value for m in table.members if m.value is not None) == [*range(1, 32)]
