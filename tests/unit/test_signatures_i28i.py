@@ -427,3 +427,17 @@ def test_every_linux_signal_has_a_member() -> None:
 
     table = load_emitter_tables().tables["signal_desc"]
     assert sorted(m.value for m in table.members if m.value is not None) == [*range(1, 32)]
+
+
+# ------------------------------------------------ NVML's recovery action in nvidia-smi's CSV
+
+
+@pytest.mark.parametrize("first", ["0", "3", "00000000:4E:00.0"])
+@pytest.mark.parametrize("word", ["Drain P2P", "Drain and Reset", "Reset", "Reboot"])
+def test_a_csv_row_naming_a_recovery_action_blames_the_node(first: str, word: str) -> None:
+    # nvidia-smi --query-gpu=index|pci.bus_id,gpu_recovery_action --format=csv,noheader
+    assert answer(f"{first}, {word}", nodes=["n1"]) == ("requeue_exclude", ["n1"])
+
+
+def test_a_csv_row_with_no_recovery_action_is_nothing() -> None:
+    assert answer("0, NVIDIA H100 80GB HBM3, None", nodes=["n1"]) == ("none", [])
