@@ -441,3 +441,39 @@ def test_a_csv_row_naming_a_recovery_action_blames_the_node(first: str, word: st
 
 def test_a_csv_row_with_no_recovery_action_is_nothing() -> None:
     assert answer("0, NVIDIA H100 80GB HBM3, None", nodes=["n1"]) == ("none", [])
+
+
+# ------------------------------------------------ language runtimes' fatal reports, MPI_Abort
+
+
+@pytest.mark.parametrize(
+    ("line", "action"),
+    [
+        ('Exception in thread "main" java.lang.OutOfMemoryError: Java heap space', "stop"),
+        ("java.lang.OutOfMemoryError: GC overhead limit exceeded", "stop"),
+        ("# A fatal error has been detected by the Java Runtime Environment:", "requeue"),
+        ("panic: runtime error: index out of range [3] with length 3", "stop"),
+        ("fatal error: all goroutines are asleep - deadlock!", "stop"),
+        ("fatal error: runtime: out of memory", "stop"),
+        ("thread 'main' panicked at src/main.rs:10:5:", "stop"),
+        ("MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD", "requeue"),
+        ("application called MPI_Abort(MPI_COMM_WORLD, 1) - process 0", "requeue"),
+    ],
+)
+def test_runtime_fatal_reports(line: str, action: str) -> None:
+    assert answer(line, nodes=["n1"]) == (action, [])
+
+
+def test_a_kernel_panic_is_not_a_go_panic() -> None:
+    line = "[   12.345678] Kernel panic - not syncing: Fatal exception"
+    assert answer(line, nodes=["n1"]) == ("requeue_exclude", ["n1"])
+
+
+def test_an_mpi_abort_after_the_cause_leaves_the_cause_the_root() -> None:
+    v = verdict(
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD",
+        nodes=["n1"],
+    )
+    assert v.action == "stop"
+    assert v.signatures[0]["id"] == "cuda.illegal_memory_access"
