@@ -477,3 +477,61 @@ def test_an_mpi_abort_after_the_cause_leaves_the_cause_the_root() -> None:
     )
     assert v.action == "stop"
     assert v.signatures[0]["id"] == "cuda.illegal_memory_access"
+
+
+# ------------------------------------------------ btrfs, NIC transmit hangs, RAID controllers
+
+
+@pytest.mark.parametrize(
+    ("line", "action", "blamed"),
+    [
+        (
+            "[12345.678901] BTRFS error (device sda1): bdev /dev/sda1 errs: wr 3, rd 1, flush 0, "
+            "corrupt 0, gen 0",
+            "requeue_exclude",
+            True,
+        ),
+        (
+            "[   12.345678] BTRFS info (device sda1): bdev /dev/sda1 errs: wr 0, rd 12, flush 0, "
+            "corrupt 0, gen 0",
+            "none",
+            False,
+        ),
+        (
+            "[76469.312326] BTRFS error (device dm-0): parent transid verify failed on logical "
+            "2070681747456 mirror 1 wanted 6080 found 6062",
+            "requeue_exclude",
+            True,
+        ),
+        (
+            "[12345.678901] BTRFS: error (device sda1) in btrfs_run_delayed_refs:2150: errno=-5 IO "
+            "failure",
+            "requeue_exclude",
+            True,
+        ),
+        ("[12345.678901] ixgbe 0000:01:00.0 eth0: Detected Tx Unit Hang", "requeue", False),
+        (
+            "[12345.678901] bnxt_en 0000:04:00.0 eth0: TX timeout detected, starting reset task!",
+            "requeue",
+            False,
+        ),
+        (
+            "[12345.678901] i40e 0000:3b:00.0: TX driver issue detected, PF reset issued",
+            "requeue",
+            False,
+        ),
+        (
+            "[12345.678901] megaraid_sas 0000:02:00.0: FW in FAULT state Fault code:0x10000 "
+            "subcode:0x0 func:megasas_transition_to_ready",
+            "requeue_exclude",
+            True,
+        ),
+        (
+            "[12345.678901] hpsa 0000:03:00.0: Controller lockup detected: 0x00130000",
+            "requeue_exclude",
+            True,
+        ),
+    ],
+)
+def test_kernel_disk_nic_and_controller_messages(line: str, action: str, blamed: bool) -> None:
+    assert answer(line, nodes=["n1"]) == (action, ["n1"] if blamed else [])
