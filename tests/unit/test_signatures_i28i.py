@@ -535,3 +535,45 @@ def test_an_mpi_abort_after_the_cause_leaves_the_cause_the_root() -> None:
 )
 def test_kernel_disk_nic_and_controller_messages(line: str, action: str, blamed: bool) -> None:
     assert answer(line, nodes=["n1"]) == (action, ["n1"] if blamed else [])
+
+
+# ------------------------------------------------ libnvidia-container's other error contexts
+
+
+@pytest.mark.parametrize(
+    ("line", "action", "blamed"),
+    [
+        (
+            "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.4, please "
+            "update your driver to a newer version, or use an earlier cuda container: unknown.",
+            "requeue",
+            False,
+        ),
+        (
+            "nvidia-container-cli: mount error: file creation failed: /var/lib/docker/overlay2/"
+            "abc/merged/usr/bin/nvidia-smi: file exists: unknown.",
+            "stop",
+            False,
+        ),
+        (
+            "nvidia-container-cli: ldcache error: process /sbin/ldconfig.real failed with error "
+            "code: 1: unknown",
+            "requeue",
+            False,
+        ),
+        (
+            "nvidia-container-cli: permission error: capability change failed: operation not "
+            "permitted: unknown",
+            "requeue",
+            False,
+        ),
+        # the driver itself not usable stays the weak node blame
+        (
+            "nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown.",
+            "requeue_exclude",
+            True,
+        ),
+    ],
+)
+def test_nvidia_container_cli_contexts(line: str, action: str, blamed: bool) -> None:
+    assert answer(line, nodes=["n1"]) == (action, ["n1"] if blamed else [])
