@@ -577,3 +577,33 @@ def test_kernel_disk_nic_and_controller_messages(line: str, action: str, blamed:
 )
 def test_nvidia_container_cli_contexts(line: str, action: str, blamed: bool) -> None:
     assert answer(line, nodes=["n1"]) == (action, ["n1"] if blamed else [])
+
+
+# ------------------------------------------------ the NVIDIA driver not loading, deviceQuery
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "modprobe: FATAL: could not insert 'nvidia_uvm': Unknown symbol in module, or unknown "
+        "parameter (see dmesg)",
+        "modprobe: ERROR: could not insert 'nvidia': Required key not available",
+        "[  812.441023] NVRM: API mismatch: the client has the version 535.104.05, but",
+    ],
+)
+def test_the_node_s_driver_not_loading_blames_the_node(line: str) -> None:
+    assert answer(line, nodes=["n1"]) == ("requeue_exclude", ["n1"])
+
+
+@pytest.mark.parametrize(("value", "action"), [(100, "requeue"), (35, "requeue"), (3, "requeue")])
+def test_device_query_s_device_count_error_is_read_by_its_value(value: int, action: str) -> None:
+    # CUDA samples' deviceQuery: "cudaGetDeviceCount returned %d\n-> %s"
+    v = verdict(f"cudaGetDeviceCount returned {value}", nodes=["n1"])
+    assert v.action == action
+    assert v.signatures[0]["id"] == "cuda.error"
+
+
+def test_modprobe_s_no_such_device_is_left_to_the_lines_beside_it() -> None:
+    # a VM without its GPU passed through prints it as often as a node whose GPU is gone
+    line = "modprobe: ERROR: could not insert 'nvidia': No such device"
+    assert answer(line, nodes=["n1"])[1] == []
