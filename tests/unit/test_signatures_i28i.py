@@ -607,3 +607,10 @@ def test_modprobe_s_no_such_device_is_left_to_the_lines_beside_it() -> None:
     # a VM without its GPU passed through prints it as often as a node whose GPU is gone
     line = "modprobe: ERROR: could not insert 'nvidia': No such device"
     assert answer(line, nodes=["n1"])[1] == []
+
+
+def test_a_signal_description_longer_than_bash_s_column_is_read_too() -> None:
+    line = (
+        "/var/spool/slurmd/job42/slurm_script: line 12: 31337 Profiling timer expired python x.py"
+    )
+    assert answer(line, nodes=["n1"]) == ("requeue", [])
