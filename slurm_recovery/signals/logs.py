@@ -993,7 +993,7 @@ def classify(
             )
         mismatch = _collective_mistake([m for m, _, _ in knock_on])
         if mismatch is None and nodes is not None and len(nodes) == 1:
-            mismatch = _one_node_timeout([m for m, _, _ in failing])
+            mismatch = _one_node_timeout([m for m, _, _ in failing], catalogue)
         if mismatch is not None:
             return LogVerdict(
                 category="collective",
@@ -1260,7 +1260,37 @@ def _collective_mistake(symptoms: Sequence[Match]) -> str | None:
     return None
 
 
-def _one_node_timeout(failing: Sequence[Match]) -> str | None:
+#: A one-node job's waits that are timeouts too (read as :data:`_TIMEOUTS` are): gloo's
+#: collective timeout, and a store client that was connected and waited for a key another rank
+#: never set (PyTorch's members in emitters/torch_distributed.toml). A client that never
+#: connected is not one: its address, the launch's, is at fault as often as the program.
+_ONE_NODE_WAITS = frozenset({"gloo.timeout"})
+_STORE_WAITS = frozenset(
+    {
+        "c10d socket wait timed out",
+        "c10d socket poll returned 0 (timeout)",
+        "gloo operation timeout",
+        "gloo pair closed by timeout",
+        "monitoredBarrier failure",
+    }
+)
+
+
+def _waited(match: Match, catalogue: SignatureCatalogue) -> bool:
+    """Whether ``match`` says this rank timed out waiting for another rank of its job."""
+    if match.signature_id in _TIMEOUTS or match.signature_id in _ONE_NODE_WAITS:
+        return True
+    if match.signature_id != "torch.distributed_error" or not match.code:
+        return False
+    signature = catalogue.get(match.signature_id)
+    tables = signature.tables if signature is not None else ()
+    member = catalogue.emitters.lookup(tables, match.code)
+    return member is not None and member.name in _STORE_WAITS
+
+
+def _one_node_timeout(
+    failing: Sequence[Match], catalogue: SignatureCatalogue | None = None
+) -> str | None:
     """Why collective timeouts in a one-node job, with no other cause in the log, are the
     program's own, or None when no rank timed out.
 
@@ -1271,8 +1301,12 @@ def _one_node_timeout(failing: Sequence[Match]) -> str | None:
     the controller's node evidence). A startup hang from broken peer-to-peer is the first
     collectives' rule already (:func:`_collective_mistake`). A rank that never joined the
     process group (the store-based barrier's or the store's timeout) is the same on one node:
-    it crashed (its own error is then the root), never started, or was busy elsewhere."""
-    timed_out = [m for m in failing if m.signature_id in _TIMEOUTS]
+    it crashed (its own error is then the root), never started, or was busy elsewhere. So is
+    gloo's collective timeout, and a store client's wait for a key another rank never set
+    (:func:`_waited`); a client that could not connect to the store at all is not (the
+    address it was given may be the node's, as a wrong host entry)."""
+    catalogue = catalogue if catalogue is not None else default_catalogue()
+    timed_out = [m for m in failing if _waited(m, catalogue)]
     if not timed_out:
         return None
     return (

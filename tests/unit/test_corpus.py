@@ -38,8 +38,10 @@ SEALED = [c for c in CASES if c.part == "sealed"]
 #: Bare recall 0.86 -> 0.889: a one-node log that never names its host is blamed rightly on
 #: "the log's node". On 2026-12-05 fifteen new host and nodes threads joined the development
 #: part, eleven of them node faults; four are read as restarts without the node (a read-only
-#: file system in a program's words, an NFS client's hang): recall 0.89 -> 0.86 in both runs.)
-FLOORS = {False: (0.76, 0.86, 4), True: (0.76, 0.86, 4)}
+#: file system in a program's words, an NFS client's hang): recall 0.89 -> 0.86 in both runs.
+#: On 2026-12-06 (i28i) a node's own directories read-only blame it and a one-node job's store
+#: waits are the program's: bare 0.771, recall 0.899; --nodes n1 0.812, recall 0.902; 3 blamed.)
+FLOORS = {False: (0.77, 0.89, 3), True: (0.81, 0.90, 3)}
 
 
 def test_the_corpus_has_300_cases_from_250_threads_and_a_sealed_part_of_100() -> None:

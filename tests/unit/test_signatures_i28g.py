@@ -87,8 +87,14 @@ def answer(*lines: str) -> tuple[str, list[str]]:
             False,
         ),
         # a file system's failure in the C library's (or Go's) words: restarted, no node
-        ("touch: cannot touch '/tmp/x': Read-only file system", "requeue", False),
-        ("open /var/lib/kubelet/x: read-only file system, which is unexpected", "requeue", False),
+        ("touch: cannot touch '/scratch/x': Read-only file system", "requeue", False),
+        # a node's own directory read-only blames the node (i28i: fs.node_dir_read_only)
+        (
+            "open /var/lib/kubelet/x: read-only file system, which is unexpected",
+            "requeue_exclude",
+            True,
+        ),
+        ("open /srv/share/x: read-only file system, which is unexpected", "requeue", False),
     ],
 )
 def test_host_messages_read_by_their_emitter(line: str, action: str, blamed: bool) -> None:
