@@ -1031,10 +1031,16 @@ def classify(
             if a[0].signature_id.startswith("cuda.") and not _wraps_cuda_error(a[0])
         ]
         if not wrapped:
-            # the failed call was NCCL's own allocation of GPU memory ("Failed to CUDA calloc
-            # ..."): the GPU's memory was full (the job's, or a leftover process's), which the
-            # NCCL WARN table reads as a restart, not a node's fault
-            wrapped = [a for a in knock_on if _nccl_cuda_alloc_failed(a[0])]
+            # the CUDA error it wraps is one the line cannot pin on the program or the node (a
+            # kernel's illegal address: a symptom, restarted once), or the failed call was
+            # NCCL's own allocation of GPU memory ("Failed to CUDA calloc ..."): the GPU's
+            # memory was full (the job's, or a leftover process's), which the NCCL WARN table
+            # reads as a restart, not a node's fault
+            wrapped = [
+                a
+                for a in knock_on
+                if _gpu_kernel_fault(a[0], catalogue) or _nccl_cuda_alloc_failed(a[0])
+            ]
         if wrapped:
             root_item = wrapped[0]
     root = root_item[1]
@@ -1063,7 +1069,7 @@ def classify(
         # class that convicts a node (its prolog failed): the node is kept out
         action = "requeue_exclude"
     shown = [root_item] + [a for a in primary if a is not root_item]
-    shown += knock_on
+    shown += [a for a in knock_on if a is not root_item]
     lines = [_line(m) for m, _, _ in shown[:limit]]
     where = f" on {', '.join(sorted(blame))}" if blame else ""
     return LogVerdict(
@@ -1093,6 +1099,40 @@ def _wraps_cuda_error(match: Match) -> bool:
         and match.code is not None
         and "unhandled cuda error" in match.code.lower()
     )
+
+
+#: A GPU kernel's own fault, the SM's or MMU's exception (the driver logs Xid 13 or 31): the
+#: program's bug most often, bad HBM, a GPU or its driver as well; a symptom, restarted once
+#: (docs/signatures.md, "When the answer is stop")
+GPU_KERNEL_FAULT = "cuda.illegal_memory_access"
+GPU_KERNEL_FAULT_MEMBERS = frozenset(
+    {
+        "cudaErrorIllegalAddress",
+        "cudaErrorHardwareStackError",
+        "cudaErrorIllegalInstruction",
+        "cudaErrorMisalignedAddress",
+        "cudaErrorInvalidAddressSpace",
+        "cudaErrorInvalidPc",
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+    }
+)
+
+
+def _gpu_kernel_fault(match: Match, catalogue: SignatureCatalogue) -> bool:
+    """The line reports a GPU kernel's fault (:data:`GPU_KERNEL_FAULT_MEMBERS`): an illegal
+    address, a misaligned one, an illegal instruction, ..."""
+    if match.signature_id == GPU_KERNEL_FAULT:
+        return True
+    signature = catalogue.get(match.signature_id)
+    if signature is None or not signature.tables or match.code is None:
+        return False
+    member = catalogue.emitters.lookup(signature.tables, match.code)
+    return member is not None and member.name in GPU_KERNEL_FAULT_MEMBERS
 
 
 def _nccl_cuda_alloc_failed(match: Match) -> bool:

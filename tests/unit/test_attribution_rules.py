@@ -172,7 +172,8 @@ REAL = [
         "RuntimeError: DataLoader worker (pid 572) is killed by signal: Bus error. It is possible "
         "that dataloader's workers are out of shared memory. Please try to raise your shared "
         "memory limit.",
-        "nccl.shm_error",  # PyTorch's own hint names shared memory (not a plain bus error)
+        # PyTorch's hint for every SIGBUS in a worker: a bus error, restarted once (i28k)
+        "torch.dataloader_bus_error",
         "https://github.com/bytedance/Protenix/issues/2",
     ),
 ]

@@ -22,17 +22,18 @@ def ids(v: LogVerdict) -> list[str]:
 
 @settings(max_examples=30, deadline=None)
 @given(pid=st.integers(1, 4_194_304))
-def test_a_dataloader_worker_killed_by_sigbus_is_its_shared_memory(pid: int) -> None:
-    # torch/csrc/DataLoader.cpp: a worker killed by SIGBUS gets PyTorch's own hint that the
-    # workers ran out of shared memory: the job's /dev/shm or its workers' use, not a node
+def test_a_dataloader_worker_killed_by_sigbus_is_restarted_once(pid: int) -> None:
+    # torch/csrc/DataLoader.cpp: a worker killed by SIGBUS gets PyTorch's hint that the workers
+    # ran out of shared memory, for every SIGBUS, also the kernel's for a page an uncorrectable
+    # memory error poisoned: a bus error, restarted once, no node (i28k; before: stop)
     line = (
         f"RuntimeError: DataLoader worker (pid {pid}) is killed by signal: Bus error. It is "
         "possible that dataloader's workers are out of shared memory. Please try to raise "
         "your shared memory limit."
     )
     v = verdict(line, nodes=["n1"])
-    assert (v.action, v.fault_domain, v.blame_nodes) == ("stop", "application", [])
-    # a plain bus error says nothing of shared memory: restarted once, as before
+    assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue", "unknown", [])
+    # a plain bus error: restarted once, as before
     plain = verdict("srun: error: gpu07: task 3: Bus error", nodes=["n1"])
     assert plain.action == "requeue" and plain.blame_nodes == []
 

@@ -471,12 +471,12 @@ def test_a_kernel_panic_is_not_a_go_panic() -> None:
 
 def test_an_mpi_abort_after_the_cause_leaves_the_cause_the_root() -> None:
     v = verdict(
-        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "RuntimeError: CUDA error: device-side assert triggered",
         "MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD",
         nodes=["n1"],
     )
     assert v.action == "stop"
-    assert v.signatures[0]["id"] == "cuda.illegal_memory_access"
+    assert v.signatures[0]["id"] == "cuda.device_assert"
 
 
 # ------------------------------------------------ btrfs, NIC transmit hangs, RAID controllers
