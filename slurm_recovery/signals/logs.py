@@ -965,6 +965,7 @@ def classify(
     assessed = _escalate_repeats(_xid_knock_ons(assessed, catalogue), catalogue)
     assessed = _unrelated_crashes(assessed)
     assessed = _compiler_retry(assessed)
+    assessed = _oom_held_elsewhere(assessed)
 
     def when(item: tuple[Match, Assessment, int]) -> tuple[bool, float, int]:
         m, _, index = item
@@ -1477,6 +1478,93 @@ def _unrelated_crashes(
             ),
             i,
         )
+    return out
+
+
+_SIZE = r"(?P<{}>\d{{1,9}}(?:\.\d{{1,4}})?) (?P<{}u>bytes|[KMGT]iB)"
+#: PyTorch's caching allocator's out-of-memory sizes (c10/cuda/CUDACachingAllocator.cpp), in the
+#: texts of 1.x-2.0 ("(GPU 0; 10.73 GiB total capacity; 9.85 GiB already allocated; 46.44 MiB
+#: free; 9.86 GiB reserved in total by PyTorch)", before 1.4 "... cached)") and of 2.1+ ("GPU 0
+#: has a total capacity of 79.15 GiB of which 141.25 MiB is free. ... Including non-PyTorch
+#: memory, this process has 78.99 GiB memory in use. Of the allocated memory 77.21 GiB is
+#: allocated by PyTorch, and 283.51 MiB is reserved by PyTorch but unallocated.")
+_OOM_TOTAL = re.compile(
+    _SIZE.format("total", "total") + " total capacity|total capacity of " + _SIZE.format("t2", "t2")
+)
+_OOM_FREE = re.compile(
+    _SIZE.format("free", "free") + " free\\b|of which " + _SIZE.format("f2", "f2") + " is free"
+)
+_OOM_OWN = re.compile(
+    "this process has " + _SIZE.format("proc", "proc") + " memory in use"
+    "|" + _SIZE.format("alloc", "alloc") + " (?:already allocated|is allocated by PyTorch)"
+    "|" + _SIZE.format("res", "res") + " (?:reserved in total by PyTorch|cached\\b)"
+    "|and " + _SIZE.format("unalloc", "unalloc") + " is reserved by PyTorch but unallocated"
+)
+_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+#: More than this share of the GPU held outside the program's allocator: another process's
+#: (docs/signatures.md, "When the answer is stop"); a CUDA context and the libraries' workspaces
+#: take a few hundred MiB, far below it
+HELD_ELSEWHERE = 0.5
+
+
+def _bytes(found: re.Match[str], name: str) -> float:
+    return float(found[name]) * _UNITS[found[name + "u"]]
+
+
+def oom_held_elsewhere(text: str) -> tuple[float, float] | None:
+    """``(held outside the program, the GPU's capacity)`` in bytes when PyTorch's
+    out-of-memory line gives its sizes and more than :data:`HELD_ELSEWHERE` of the GPU was held
+    outside the process's own memory: another process on the GPU (a leftover of an earlier
+    job, another job, a second rank on the same GPU). None otherwise."""
+    total_m, free_m = _OOM_TOTAL.search(text), _OOM_FREE.search(text)
+    if total_m is None or free_m is None:
+        return None
+    total = _bytes(total_m, "total" if total_m["total"] else "t2")
+    free = _bytes(free_m, "free" if free_m["free"] else "f2")
+    sizes: dict[str, float] = {}
+    for found in _OOM_OWN.finditer(text):
+        for name in ("proc", "alloc", "res", "unalloc"):
+            if found[name] and name not in sizes:
+                sizes[name] = _bytes(found, name)
+    if not sizes:
+        return None
+    if "proc" in sizes:  # 2.1+: the process's own use, PyTorch's and the rest
+        own = sizes["proc"]
+    elif "unalloc" in sizes:  # 2.1+ without it: allocated plus reserved but unallocated
+        own = sizes.get("alloc", 0.0) + sizes["unalloc"]
+    else:  # 1.x: reserved in total (or cached), at least what is allocated
+        own = max(sizes.get("alloc", 0.0), sizes.get("res", 0.0))
+    elsewhere = total - free - own
+    if total <= 0 or elsewhere <= HELD_ELSEWHERE * total:
+        return None
+    return elsewhere, total
+
+
+def _oom_held_elsewhere(
+    assessed: list[tuple[Match, Assessment, int]],
+) -> list[tuple[Match, Assessment, int]]:
+    """A GPU out-of-memory of the program whose own sizes say most of the GPU was held by
+    another process (:func:`oom_held_elsewhere`): not the program's memory use, and not
+    surely the node's either (a second rank on the same GPU is the job's launch): restarted
+    once, no node blamed."""
+    out = []
+    for m, a, i in assessed:
+        if a.fault_class == "application" and a.category == "gpu_memory" and m.xid is None:
+            held = oom_held_elsewhere(m.text)
+            if held is not None:
+                elsewhere, total = held
+                a = replace(
+                    a,
+                    fault_class="unknown",
+                    action="requeue",
+                    knock_on=False,
+                    decisive=False,
+                    blame_node=False,
+                    label=f"{a.label}: {elsewhere / (1 << 30):.2f} of {total / (1 << 30):.2f} GiB "
+                    "of the GPU held by another process (a leftover of an earlier job, another "
+                    "job, a second rank on the GPU)",
+                )
+        out.append((m, a, i))
     return out
 
 

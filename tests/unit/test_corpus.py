@@ -57,7 +57,8 @@ FLOORS = {False: (0.73, 0.89, 3), True: (0.78, 0.89, 3)}
 #: Node faults answered ``stop``, at most, per part. The development part must keep 0. The sealed
 #: part measured 1 once the 12 sealed threads of 2026-12-06 (i28j) were added: which case it is
 #: was not looked at (that would open the part); it stays a finding until a signature written
-#: from development cases or an emitter's source removes it.
+#: from development cases or an emitter's source removes it. (i28k, which restarted once every
+#: stop path a bad node can print, left it at 1: it is on none of those paths.)
 STOPPED_AT_MOST = {"development": 0, "sealed": 1}
 
 
