@@ -254,7 +254,8 @@ def log_action(info: XidInfo, text: str = "") -> str:
     """What explain-log does about a job whose log shows this XID (one of :data:`LOG_ACTIONS`).
 
     ``info`` is a catalogue entry (``lookup`` or ``assess``) and ``text`` its log line. Pure:
-    ``stop`` for an application XID (the job's own bug: 13, 31, 43); ``requeue_exclude`` for
+    ``stop`` for an application XID (the job's own bug: 43, 69, ...; a GPU kernel's
+    fault, 13 and 31, is class unknown: restarted once); ``requeue_exclude`` for
     hardware and system ones (the GPU or node needs a reset, reboot or a human: NVIDIA's
     RESET_GPU, RESTART_BM, CONTACT_SUPPORT and node workflows); for class unknown, ``none``
     when nothing failed (NVIDIA's IGNORE, XID 154 back to None) and ``requeue`` otherwise (a

@@ -217,10 +217,10 @@ def test_an_application_fault_in_a_running_jobs_log_is_advice_only(stacks, submi
                 node=first.nodes[0],
                 job_id=job_id,
                 payload={
-                    "signature": "cuda.illegal_memory_access",
+                    "signature": "cuda.device_assert",
                     "fault_class": "application",
                     "blame_node": False,
-                    "text": "CUDA error: an illegal memory access was encountered",
+                    "text": "CUDA error: device-side assert triggered",
                 },
             )
         ],

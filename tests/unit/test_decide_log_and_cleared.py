@@ -57,12 +57,14 @@ def view(*jobs: Job, now: float) -> ClusterView:
 
 
 def illegal_access_line(ev_id: int, at: float) -> Evidence:
-    """The issue's line: ``expected error seen: an illegal memory access was encountered``."""
+    """An application line: a device-side assert (the issue's line was ``expected error seen:
+    an illegal memory access was encountered``; since i28k a GPU kernel's fault is restarted
+    once, a bad GPU prints it too: docs/signatures.md, "When the answer is stop")."""
     payload = {
-        "signature": "cuda.illegal_memory_access",
+        "signature": "cuda.device_assert",
         "fault_class": "application",
         "blame_node": False,
-        "text": "expected error seen: an illegal memory access was encountered -> PASS",
+        "text": "RuntimeError: CUDA error: device-side assert triggered",
     }
     return Evidence(ev_id, "sidecar", "log_signature", at, node="n1", job_id=42, payload=payload)
 
@@ -89,7 +91,7 @@ def test_a_running_job_with_an_application_log_line_gets_advice_only():
     advice = advise(found, verdict, running, POLICY, view(running, now=1_510), 0)
     assert advice.action is Action.NONE and advice.rule == "app_fault.running"
     assert not advice.drain and not advice.exclude and not advice.needs_operator
-    assert "still running" in advice.reason and "cuda.illegal_memory_access" in advice.reason
+    assert "still running" in advice.reason and "cuda.device_assert" in advice.reason
 
 
 def test_app_fault_advice_never_drains_even_with_node_evidence_in_the_window():

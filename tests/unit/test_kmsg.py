@@ -299,7 +299,9 @@ def test_the_pci_bus_id_names_the_gpu():
 @pytest.mark.parametrize(
     ("line", "severity", "domain"),
     [
-        (REAL_LINES[0][0], "info", "application"),  # 13: the job's fault
+        # 13: a GPU kernel's fault, the program's, the driver's or the GPU's (i28k): evidence,
+        # never a node's blame on its own
+        (REAL_LINES[0][0], "warning", "unknown"),
         (REAL_LINES[3][0], "fatal", "hardware"),  # 79
         (REAL_LINES[6][0], "fatal", "driver"),  # 119: GSP firmware
         (FALLEN_LINES[2][0], "fatal", "hardware"),  # inferred 79

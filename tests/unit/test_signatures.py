@@ -956,12 +956,16 @@ def test_weak_evidence_blaming_every_node_blames_none() -> None:
 
 
 def test_application_xid_and_knock_on_xid_never_blame() -> None:
-    verdict = classify([m("kernel.xid", 1, host="gpu01", xid=31)], nodes=["gpu01"])
+    verdict = classify([m("kernel.xid", 1, host="gpu01", xid=69)], nodes=["gpu01"])
     assert (verdict.fault_domain, verdict.blame_nodes, verdict.action) == (
         "application",
         [],
         "stop",
     )
+    # 31, a GPU memory page fault, is the program's, the driver's or the GPU's: restarted once
+    # (i28k, docs/signatures.md "When the answer is stop"), never blamed on its own
+    fault = classify([m("kernel.xid", 1, host="gpu01", xid=31)], nodes=["gpu01"])
+    assert (fault.fault_domain, fault.blame_nodes, fault.action) == ("unknown", [], "requeue")
     # 45 tears channels down after another XID: a knock-on that never blames
     after = classify(
         [m("kernel.xid", 1, host="gpu01", xid=79), m("kernel.xid", 2, host="gpu01", xid=45)],

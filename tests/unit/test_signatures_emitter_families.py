@@ -379,7 +379,14 @@ def test_a_report_that_names_its_host_blames_that_host() -> None:
 @settings(max_examples=40, deadline=None)
 @given(
     xid=st.sampled_from(
-        [(79, "requeue_exclude"), (48, "requeue_exclude"), (13, "stop"), (63, "none")]
+        # 13: a GPU kernel's fault, restarted once since i28k; 69: the program's class error
+        [
+            (79, "requeue_exclude"),
+            (48, "requeue_exclude"),
+            (13, "requeue"),
+            (69, "stop"),
+            (63, "none"),
+        ]
     ),
     form=st.sampled_from(
         [

@@ -304,3 +304,35 @@ def test_an_out_of_memory_without_sizes_stays_the_program_s() -> None:
     for line in ("RuntimeError: CUDA error: out of memory", "RuntimeError: CUDA out of memory."):
         assert oom_held_elsewhere(line) is None
         assert verdict(line, nodes=["n1"]).action == "stop"
+
+
+# ------------------------------------------------- XIDs 13 and 31: the driver's report of it
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    code=st.sampled_from([13, 31]),
+    bus=st.integers(0, 255),
+    pid=st.integers(1, 4_194_304),
+    one_node=st.booleans(),
+)
+def test_the_driver_s_xid_13_and_31_are_restarted_once(
+    code: int, bus: int, pid: int, one_node: bool
+) -> None:
+    detail = {
+        13: "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
+        31: "Ch 00000008, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ "
+        "0x7f12_34560000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+    }[code]
+    line = f"NVRM: Xid (PCI:0000:{bus:02x}:00): {code}, pid={pid}, name=python, {detail}"
+    v = verdict(line, nodes=["n1"] if one_node else None)
+    assert restarted_once(v), v.cause
+    # beside the job's own CUDA error, still one restart: neither says whose
+    both = verdict(line, "RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert restarted_once(both), both.cause
+    assert controller(line) == "requeue"
+
+
+def test_the_other_application_xids_stay_the_program_s() -> None:
+    line = "NVRM: Xid (PCI:0000:3b:00): 69, pid=1, name=python, Class Error: ChId 0010"
+    assert verdict(line, nodes=["n1"]).action == "stop"

@@ -15,7 +15,7 @@ from slurm_recovery.signals.xid import (
     xid_code,
 )
 
-APPLICATION_XIDS = (11, 13, 25, 31, 43, 69, 137)
+APPLICATION_XIDS = (11, 25, 43, 69, 137)
 FATAL_HARDWARE_XIDS = (48, 64, 74, 79, 95, 140, 154)
 ENTRY = '[[xid]]\ncode = 1\nmeaning = "m"\nclass = "hardware"\naction = "none"\nfatal = true\n'
 
@@ -35,6 +35,14 @@ def test_application_xids_never_implicate_the_node(shipped, code):
     info = shipped.lookup(code)
     assert info.fault_class is FaultClass.APPLICATION
     assert not info.fatal
+
+
+@pytest.mark.parametrize("code", (13, 31))
+def test_a_gpu_kernel_s_fault_is_restarted_once_never_implicating_the_node(shipped, code):
+    # i28k: NVIDIA's RESTART_APP; the program's, the driver's or the GPU's (its HBM): unknown
+    info = shipped.lookup(code)
+    assert info.fault_class is FaultClass.UNKNOWN and info.nvidia == "RESTART_APP"
+    assert not info.fatal and not info.blames_node
 
 
 @pytest.mark.parametrize("code", FATAL_HARDWARE_XIDS)

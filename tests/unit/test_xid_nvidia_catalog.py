@@ -96,8 +96,8 @@ def test_rows_that_differ_say_why_and_are_few():
         (63, "none"),  # row remap recorded: IGNORE
         (92, "none"),  # high single-bit ECC rate: IGNORE
         (94, "requeue"),  # contained ECC error: RESTART_APP, the node is not blamed
-        (13, "stop"),
-        (31, "stop"),
+        (13, "requeue"),  # RESTART_APP: a GPU kernel's fault, restarted once (i28k)
+        (31, "requeue"),
         (43, "stop"),
         (45, "requeue_exclude"),  # alone: node-side (WORKFLOW_XID_45)
         (46, "requeue_exclude"),
