@@ -82,7 +82,7 @@ def _deeper_than(payload: dict[str, Any], limit: int) -> bool:
         inner: list[Any] = []
         for container in containers:
             values = container.values() if type(container) is dict else container
-            inner.extend(v for v in values if type(v) is dict or type(v) is list)
+            inner += [v for v in values if type(v) is dict or type(v) is list]
         level, containers = level + 1, inner
     return False
 

@@ -87,7 +87,7 @@ def status_condition(payload: Mapping[str, Any]) -> dict[str, Any]:
     condition["delivery_failing"] = bool(last_error)
     if isinstance(gpus, Mapping):
         condition["gpus"] = {
-            str(index): {k: v for k, v in readings.items() if k in GPU_CONDITION_KEYS}
+            str(index): {k: readings[k] for k in GPU_CONDITION_KEYS if k in readings}
             if isinstance(readings, Mapping)
             else None
             for index, readings in gpus.items()
