@@ -226,12 +226,19 @@ class Stack:
         self.store = base / "state.db"
         self.controller = 0
         self.launcher: Path | None = None
+        #: auth.session_ttl, s: longer than the run, since the generator, unlike a sidecar,
+        #: does not renew its sessions (an hour's run otherwise ends in 401s)
+        self.session_ttl = 3600.0
 
     def up(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
         self.base.chmod(0o755)
         devstack.write_policy(self.base / "policy.toml", "monitor")
         devstack.write_config(self.base, self.spec, self.api_port)
+        text = self.config.read_text()
+        self.config.write_text(
+            text.replace("[auth]\n", f"[auth]\nsession_ttl = {self.session_ttl:.0f}\n", 1)
+        )
         # localcluster waits until every node it knows answers; only SLURMD_NODES ever will.
         real = localcluster.node_states
         running = set(self.spec.node_names)
@@ -1254,6 +1261,7 @@ def main() -> int:
     stack = Stack(args.base, defined, args.port_base, args.api_port, prefix)
     release = localcluster.slurm_release(stack.spec)
     stack.launcher = args.launcher
+    stack.session_ttl = max(3600.0, args.warmup + args.duration + args.tail + 900.0)
     print(f"starting munged, slurmctld ({defined} nodes defined) in {args.base} ...", flush=True)
     t = time.monotonic()
     stack.up()
