@@ -440,6 +440,15 @@ class SignatureCatalogue:
     def get(self, signature_id: str) -> Signature | None:
         return self._by_id.get(signature_id)
 
+    def member_name(self, match: Match) -> str | None:
+        """The name of the emitter member a match's code is (``None``: its signature reads no
+        emitter table, or the code is none of its members)."""
+        signature = self._by_id.get(match.signature_id)
+        if signature is None or not signature.tables or match.code is None:
+            return None
+        member = self.emitters.lookup(signature.tables, match.code)
+        return None if member is None else member.name
+
     # ------------------------------------------------------------------ scanning
 
     def match_line(
@@ -1129,11 +1138,7 @@ def _gpu_kernel_fault(match: Match, catalogue: SignatureCatalogue) -> bool:
     address, a misaligned one, an illegal instruction, ..."""
     if match.signature_id == GPU_KERNEL_FAULT:
         return True
-    signature = catalogue.get(match.signature_id)
-    if signature is None or not signature.tables or match.code is None:
-        return False
-    member = catalogue.emitters.lookup(signature.tables, match.code)
-    return member is not None and member.name in GPU_KERNEL_FAULT_MEMBERS
+    return catalogue.member_name(match) in GPU_KERNEL_FAULT_MEMBERS
 
 
 def _nccl_cuda_alloc_failed(match: Match) -> bool:
@@ -1168,11 +1173,7 @@ def _process_ended(match: Match, assessment: Assessment, catalogue: SignatureCat
     exit, srun's ``Exited with exit code N``."""
     if match.signature_id == GENERIC_ERROR or assessment.category == LAUNCHER:
         return True
-    signature = catalogue.get(match.signature_id)
-    if signature is None or not signature.tables or match.code is None:
-        return False
-    member = catalogue.emitters.lookup(signature.tables, match.code)
-    return member is not None and member.name in _SLURM_EXITS
+    return catalogue.member_name(match) in _SLURM_EXITS
 
 
 #: Lines that end a job's processes: an XID the driver logs as a channel is torn down after them
