@@ -9,11 +9,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_recovery.signals.logs import LogVerdict, classify, scan
-
-
-def verdict(*lines: str, nodes: list[str] | None = None) -> LogVerdict:
-    return classify(scan(list(lines)), nodes=nodes)
+from slurm_recovery.signals.logs import LogVerdict
+from tests.unit.signature_verdicts import verdict
 
 
 def ids(v: LogVerdict) -> list[str]:

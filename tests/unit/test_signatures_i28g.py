@@ -11,11 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_recovery.signals.logs import LogVerdict, classify, scan
-
-
-def verdict(*lines: str, nodes: list[str] | None = None) -> LogVerdict:
-    return classify(scan(list(lines)), nodes=nodes)
+from tests.unit.signature_verdicts import verdict
 
 
 def answer(*lines: str) -> tuple[str, list[str]]:

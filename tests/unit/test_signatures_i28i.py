@@ -10,17 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_recovery.signals.logs import LogVerdict, classify, scan
-
-
-def verdict(*lines: str, nodes: list[str] | None = None) -> LogVerdict:
-    return classify(scan(list(lines)), nodes=nodes)
-
-
-def answer(*lines: str, nodes: list[str] | None = None) -> tuple[str, list[str]]:
-    v = verdict(*lines, nodes=nodes)
-    return v.action, v.blame_nodes
-
+from tests.unit.signature_verdicts import answer, verdict
 
 # ------------------------------------------------------------ the kernel's BUG() assertion
 

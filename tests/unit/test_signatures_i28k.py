@@ -18,17 +18,12 @@ from slurm_recovery.scheduler.base import ExitCode
 from slurm_recovery.signals.logs import (
     GPU_KERNEL_FAULT_MEMBERS,
     LogVerdict,
-    classify,
     default_catalogue,
     oom_held_elsewhere,
-    scan,
 )
+from tests.unit.signature_verdicts import verdict
 
 CATALOGUE = default_catalogue()
-
-
-def verdict(*lines: str, nodes: list[str] | None = None) -> LogVerdict:
-    return classify(scan(list(lines)), nodes=nodes)
 
 
 def restarted_once(v: LogVerdict) -> bool:
