@@ -61,7 +61,7 @@ from .values import (
 DEFAULT_PATH = Path("/var/lib/slurm-recovery/state.db")
 #: The size the write-ahead log file is cut back to when SQLite starts writing it from the
 #: beginning again (after a complete checkpoint). Without it the file keeps its high-water
-#: mark for good: 172 MB at 10,000 nodes, whose reports are written 25 MB at a time
+#: mark for good: 172 MB at 10,000 nodes, whose reports are written 47 MB of WAL at a time
 #: (docs/store.md, "Checkpoints").
 WAL_SIZE_LIMIT = 16 * 1024 * 1024
 
