@@ -47,6 +47,9 @@ class Handler(BaseHTTPRequestHandler):
         self._answer(b"")
 
     def _answer(self, body: bytes) -> None:
+        # Read when the request arrives: the test flips it as soon as the answer is back, which
+        # can be before this thread, having written the answer, would look at it.
+        close = self.server.close_after_answer
         self.server.requests.append(
             (self.command, self.path, body, self.headers.get("Connection", ""))
         )
@@ -61,7 +64,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-        if self.server.close_after_answer:
+        if close:
             self.close_connection = True
 
     def log_message(self, *args: object) -> None:
