@@ -58,8 +58,11 @@ SEALED = [c for c in CASES if c.part == "sealed"]
 #: development threads, and all 8 are missed (6 node faults read as restarts or as nothing; 2 GPU
 #: application faults restarted once, as i28k meant); no signature was changed: bare 195 of 277
 #: = 0.703, recall 0.84, 3 blamed; --nodes n1 183 of 244 = 0.75, recall 0.847, 3 blamed: the floors
-#: came down to those figures.)
-FLOORS = {False: (0.703, 0.84, 3), True: (0.75, 0.847, 3)}
+#: came down to those figures. On 2026-12-07 (i28m) NVIDIA's container hook is read by its own
+#: error set (a driver that timed out for want of a persistence daemon blames no node) and the
+#: fabric manager's version mismatch blames no node: 2 application faults blamed in both runs,
+#: accuracy and recall unchanged.)
+FLOORS = {False: (0.703, 0.84, 2), True: (0.75, 0.847, 2)}
 #: Node faults answered ``stop``, at most, per part. The development part must keep 0. The sealed
 #: part measured 1 once the 12 sealed threads of 2026-12-06 (i28j) were added: which case it is
 #: was not looked at (that would open the part); it stays a finding until a signature written
