@@ -43,6 +43,13 @@ FAILPOINT_ENV = "SRECOVERY_FAILPOINT"
 #: request is answered (docs/performance.md, "Pauses").
 GC_YOUNG_THRESHOLD = 50_000
 
+#: Seconds an idle kept-alive connection stays open (aiohttp's default is 75 s). Past the
+#: sidecar's own limit (contract.client.KEEP_ALIVE_IDLE, 90 s: longer than its one-minute
+#: status period), so the sidecar, not the controller, closes a connection it stopped using,
+#: and never sends on one the controller is closing. 10,000 sidecars hold 10,000 connections:
+#: the service's LimitNOFILE is 65,536.
+KEEPALIVE_TIMEOUT = 150.0
+
 #: ``auto`` (the default): uvloop where it is installed, else asyncio's own loop; ``asyncio``
 #: or ``uvloop`` to insist (docs/troubleshooting.md).
 EVENT_LOOP_ENV = "SRECOVERY_EVENT_LOOP"
@@ -162,6 +169,7 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
         port=port,
         ssl_context=tls,
         backlog=4096,  # thousands of sidecars connect at once after an outage (default 128)
+        keepalive_timeout=KEEPALIVE_TIMEOUT,
         print=None,
         access_log=None,
         handle_signals=True,

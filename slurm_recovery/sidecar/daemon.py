@@ -510,7 +510,7 @@ def main(config_path: Path | None, node: str | None, once: bool, insecure_no_aut
         timeout=CONTROLLER_TIMEOUT,
         ca_file=config.client.ca_file or None,
         sessions=config.auth.sessions,
-        keep_alive=True,  # a status every 10 s costs the controller no new connection each
+        keep_alive=True,  # one connection through the status period (client.KEEP_ALIVE_IDLE)
     )
     sender = Sender(outbox, client, node, side.batch_max_events)
     from slurm_recovery.scheduler.scontrol import ScontrolScheduler

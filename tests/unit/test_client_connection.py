@@ -5,6 +5,7 @@ a real HTTP/1.1 server on this host (http.server, in a thread), counting connect
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ import pytest
 
 from slurm_recovery.contract import client as client_module
 from slurm_recovery.contract.client import ClientError, ControllerClient
+from slurm_recovery.controller import KEEPALIVE_TIMEOUT
+from slurm_recovery.sidecar.daemon import STATUS_INTERVAL
 
 
 class Server(ThreadingHTTPServer):
@@ -153,3 +156,42 @@ def test_refusals_and_no_controller_are_client_errors(server: Server):
     assert info.value.status == 0 and "unreachable" in info.value.reason
     with pytest.raises(ClientError, match="expected http"):
         post(ControllerClient("ftp://controller", insecure=True))
+
+
+def test_a_kept_connection_sends_tcp_keepalive_probes(server: Server):
+    """A firewall between node and controller keeps an idle connection's state, and a
+    controller host gone silent is noticed: the kept socket probes after 30 s idle."""
+    client = ControllerClient(server.url, insecure=True, keep_alive=True)
+    post(client)
+    sock = client._conn.sock  # type: ignore[union-attr]
+    assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    idle, interval, count = client_module.TCP_KEEPALIVE
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == idle
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == interval
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == count
+
+
+def test_a_cli_connection_is_not_kept_and_not_probed(server: Server):
+    client = ControllerClient(server.url, insecure=True)
+    post(client)
+    assert client._conn is None
+
+
+def test_a_connection_outlives_the_status_period_and_the_controller_outlives_it():
+    """The sidecar reports once a minute: its connection must still be open at the next
+    report (the client's idle limit is longer), and the controller must not be the side that
+    closes it (its idle limit is longer still), so no report meets a closing connection."""
+    assert STATUS_INTERVAL < client_module.KEEP_ALIVE_IDLE < KEEPALIVE_TIMEOUT
+    assert client_module.TCP_KEEPALIVE[0] < client_module.KEEP_ALIVE_IDLE
+
+
+def test_a_refused_connection_leaves_nothing_to_reuse():
+    """The controller is down: the error is the client's usual one, and the next request
+    opens a new connection rather than reusing the one that never connected."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again before the request: nothing listens
+    client = ControllerClient(f"http://127.0.0.1:{port}", insecure=True, keep_alive=True)
+    with pytest.raises(ClientError, match="unreachable"):
+        post(client)
+    assert client._conn is None
