@@ -973,6 +973,7 @@ def classify(
     assessed = [(m, catalogue.assess(m), i) for i, m in enumerate(ordered)]
     assessed = _escalate_repeats(_xid_knock_ons(assessed, catalogue), catalogue)
     assessed = _unrelated_crashes(assessed)
+    assessed = _crash_on_bad_memory(assessed, nodes, rank_to_node)
     assessed = _compiler_retry(assessed)
     assessed = _oom_held_elsewhere(assessed)
 
@@ -1476,6 +1477,75 @@ def _unrelated_crashes(
                 blame_node=True,
                 label=f"{len(programs)} unrelated programs crashed on one node "
                 f"({', '.join(programs[:3])}): its memory or CPU",
+            ),
+            i,
+        )
+    return out
+
+
+#: A program's crash that the node's bad memory causes as often as its own bug: a segfault or
+#: bus error in the program's words or srun's (``process.segfault``), PyTorch's DataLoader worker
+#: killed by SIGBUS (``torch.dataloader_bus_error``), the shell's report of a command killed by
+#: SIGSEGV or SIGBUS (``shell.signal_exit``, :data:`_CRASH_SIGNALS`), and the kernel's own
+#: segfault and general-protection reports (``kernel.message`` lines :data:`_KERNEL_CRASH`
+#: recognises)
+_CRASHES = frozenset({"process.segfault", "torch.dataloader_bus_error"})
+_CRASH_SIGNALS = frozenset({"Segmentation fault", "Bus error"})
+
+
+def _is_crash(match: Match) -> bool:
+    if match.signature_id in _CRASHES:
+        return True
+    if match.signature_id == "shell.signal_exit":
+        return match.code in _CRASH_SIGNALS
+    return match.signature_id == "kernel.message" and _KERNEL_CRASH.search(match.text) is not None
+
+
+def _crash_on_bad_memory(
+    assessed: list[tuple[Match, Assessment, int]],
+    nodes: Sequence[str] | None,
+    rank_to_node: Mapping[int, str] | None,
+) -> list[tuple[Match, Assessment, int]]:
+    """A crash on a node whose memory the same log shows failing is that node's: a segfault
+    or bus error (:func:`_is_crash`) beside a line of the node's memory hardware (a signature
+    of class ``hardware`` and category ``host_memory``: EDAC's and the machine-check handler's
+    corrected errors, mcelog's, a memory tester's failure, an uncorrectable error) about the
+    same node becomes a fault of that node (weak: excluded, never decisive).
+
+    A crash alone never blames a node (``process.segfault``: restarted once, no node): programs
+    crash from their own bugs far more often than from bad RAM. Corrected errors alone are a
+    warning until they repeat (``escalate_after``). Together they are the sig11 lore's case:
+    memory that flips bits where the program's pages are. Both on one node (a one-node job's
+    lines are all its node's; otherwise the line's host, rank or file, :func:`_node_of`). In a
+    job of several nodes the crash must name its own host or rank: a job's output that mixes
+    every node's lines is not about the one host its kernel lines name."""
+    crashes = [k for k, (m, a, _) in enumerate(assessed) if _is_crash(m) and not a.blame_node]
+    if not crashes:
+        return assessed
+    memory = [
+        m for m, a, _ in assessed if a.fault_class == "hardware" and a.category == "host_memory"
+    ]
+    if not memory:
+        return assessed
+    origin = _log_origins([m for m, _, _ in assessed], nodes)
+    failing = {_node_of(m, nodes, rank_to_node, origin) for m in memory} - {None}
+    out = list(assessed)
+    several = nodes is not None and len(nodes) > 1
+    for k in crashes:
+        m, a, i = out[k]
+        if _node_of(m, nodes, rank_to_node, None if several else origin) not in failing:
+            continue
+        out[k] = (
+            m,
+            replace(
+                a,
+                fault_class="hardware",
+                category="host_memory",
+                action="requeue_exclude",
+                knock_on=False,
+                decisive=False,
+                blame_node=True,
+                label=f"{a.label} on a node whose memory reports errors in the same log",
             ),
             i,
         )
