@@ -449,11 +449,13 @@ def generate(spec: dict[str, Any]) -> None:
         kept = keep_alive and role == "sidecar"
         return request_bytes(host, port, body, headers["Authorization"], kept)
 
-    bodies = []
-    for i in range(1, nodes + 1):
-        name = f"n{i}"
-        event = {**status, "node": name}
-        bodies.append((name, json.dumps({"events": [event]}, separators=(",", ":")).encode()))
+    def body_of(event: dict[str, Any], name: str) -> bytes:
+        return json.dumps({"events": [{**event, "node": name}]}, separators=(",", ":")).encode()
+
+    def sidecar_request(body: bytes, name: str) -> Any:
+        return in_session(body, name) if keys else signed(body, "sidecar", name)
+
+    bodies = [(f"n{i}", body_of(status, f"n{i}")) for i in range(1, nodes + 1)]
     # (offset, request or what makes it at send time, events in it, the sidecar whose
     # connection it goes on; -1: its own)
     schedule: list[tuple[float, Any, int, int]] = []
@@ -464,15 +466,13 @@ def generate(spec: dict[str, Any]) -> None:
     lead = spec.get("prime_lead", 0.0)
     if spec.get("prime"):
         for i, (name, _) in enumerate(bodies):
-            body = json.dumps({"events": [{**spec["prime"], "node": name}]}).encode()
-            request = in_session(body, name) if keys else signed(body, "sidecar", name)
+            request = sidecar_request(body_of(spec["prime"], name), name)
             schedule.append(((lead - 3.0) * i / nodes, request, 1, i))
     for slot in range(int((total - lead) / period) + 1):
         for i, (name, body) in enumerate(bodies):
             offset = lead + slot * period + period * i / nodes
             if offset < total:
-                request = in_session(body, name) if keys else signed(body, "sidecar", name)
-                schedule.append((offset, request, 1, i))
+                schedule.append((offset, sidecar_request(body, name), 1, i))
     job_id = 2_000_000
     for k in range(int(total * job_rate)):
         name = f"n{rng.randint(1, nodes)}"

@@ -1424,6 +1424,22 @@ _CRASH_OBJECT = re.compile(r" in (?P<object>[^\s\[]{1,200})\[[0-9a-f]{1,16}\+[0-
 UNRELATED_CRASHES = 2
 
 
+def _node_memory_fault(a: Assessment, label: str) -> Assessment:
+    """A program's crash read as its node's memory or CPU: the node excluded from the
+    restart, never decisive on its own (what :func:`_unrelated_crashes` and
+    :func:`_crash_on_bad_memory` conclude)."""
+    return replace(
+        a,
+        fault_class="hardware",
+        category="host_memory",
+        action="requeue_exclude",
+        knock_on=False,
+        decisive=False,
+        blame_node=True,
+        label=label,
+    )
+
+
 def _unrelated_crashes(
     assessed: list[tuple[Match, Assessment, int]],
 ) -> list[tuple[Match, Assessment, int]]:
@@ -1465,21 +1481,11 @@ def _unrelated_crashes(
             continue
         m, a, i = out[k]
         programs = sorted({comm for comm, _ in seen[about]})
-        out[k] = (
-            m,
-            replace(
-                a,
-                fault_class="hardware",
-                category="host_memory",
-                action="requeue_exclude",
-                knock_on=False,
-                decisive=False,
-                blame_node=True,
-                label=f"{len(programs)} unrelated programs crashed on one node "
-                f"({', '.join(programs[:3])}): its memory or CPU",
-            ),
-            i,
+        label = (
+            f"{len(programs)} unrelated programs crashed on one node "
+            f"({', '.join(programs[:3])}): its memory or CPU"
         )
+        out[k] = (m, _node_memory_fault(a, label), i)
     return out
 
 
@@ -1535,20 +1541,8 @@ def _crash_on_bad_memory(
         m, a, i = out[k]
         if _node_of(m, nodes, rank_to_node, None if several else origin) not in failing:
             continue
-        out[k] = (
-            m,
-            replace(
-                a,
-                fault_class="hardware",
-                category="host_memory",
-                action="requeue_exclude",
-                knock_on=False,
-                decisive=False,
-                blame_node=True,
-                label=f"{a.label} on a node whose memory reports errors in the same log",
-            ),
-            i,
-        )
+        label = f"{a.label} on a node whose memory reports errors in the same log"
+        out[k] = (m, _node_memory_fault(a, label), i)
     return out
 
 
