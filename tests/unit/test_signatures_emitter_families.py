@@ -472,8 +472,8 @@ def test_torch_without_a_usable_gpu_is_restarted_without_blame() -> None:
             ("GPU requires restart", "requeue_exclude"),
             ("Corrupted infoROM", "requeue_exclude"),
             ("Insufficient External Power", "requeue_exclude"),
-            ("Driver/library version mismatch", "requeue_exclude"),
-            ("RM has detected an NVML/RM version mismatch.", "requeue_exclude"),
+            ("Driver/library version mismatch", "requeue"),
+            ("RM has detected an NVML/RM version mismatch.", "requeue"),
             ("Driver Not Loaded", "requeue"),
             ("NVML Shared Library Not Found", "requeue"),
             ("Unknown Error", "requeue"),
@@ -663,8 +663,11 @@ def test_nccl_s_unhandled_cuda_error_defers_to_the_cuda_error_it_wraps(
     lines = [wrapper, "Last error:", wrapped] if after else [wrapped, wrapper]
     v = verdict(*lines, nodes=["n1"])
     assert (v.action, v.fault_domain) == (action, domain)
-    # alone, the wrapper keeps its weak node blame
-    assert verdict(wrapper, nodes=["n1"]).action == "requeue_exclude"
+    # alone, the wrapper is a failure of unknown cause: restarted once, no node blamed
+    assert (verdict(wrapper, nodes=["n1"]).action, verdict(wrapper, nodes=["n1"]).blame_nodes) == (
+        "requeue",
+        [],
+    )
 
 
 # ---------------------------------------------------------------- DCGM

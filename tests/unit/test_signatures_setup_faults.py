@@ -25,8 +25,8 @@ HOOK = (
         # what the hook, on the host with the host's libraries, says of the node's driver
         ("initialization error: nvml error: driver not loaded", "requeue_exclude", True),
         ("initialization error: nvml error: driver/library version mismatch", EXCLUDE, True),
-        ("initialization error: cuda error: no cuda-capable device is detected", EXCLUDE, True),
         # what a node's setup, the launch or the request causes as well
+        ("initialization error: cuda error: no cuda-capable device is detected", "requeue", False),
         ("initialization error: driver error: timed out", "requeue", False),
         (
             "initialization error: load library failed: libnvidia-ml.so.1: cannot open shared "
@@ -81,11 +81,14 @@ def test_the_hook_s_table_reads_the_wrapped_nvml_code_the_nvml_table_s_way() -> 
 )
 def test_the_fabric_manager_s_version_mismatch_is_restarted_with_no_node_blamed(line: str) -> None:
     # two packages out of step is how the node was provisioned, alike on its peers; a reboot
-    # does not fix it (unlike NVML's Driver/library version mismatch, which stays the node's)
+    # does not fix it (NVML's Driver/library version mismatch, an image's libraries as often as
+    # the node's, is restarted with no node blamed too, except in Slurm's own plugin's words)
     for nodes in (None, ["n1"], ["gpu12", "gpu13"]):
         v = verdict(line, nodes=nodes)
         assert (v.action, v.fault_domain, v.blame_nodes) == ("requeue", "system", [])
-    assert answer("Failed to initialize NVML: Driver/library version mismatch", nodes=["n1"]) == (
+    assert answer(
+        "slurmd: error: Failed to initialize NVML: Driver/library version mismatch", nodes=["n1"]
+    ) == (
         "requeue_exclude",
         ["n1"],
     )
