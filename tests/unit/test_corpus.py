@@ -58,10 +58,10 @@ SEALED = [c for c in CASES if c.part == "sealed"]
 #: development threads, and all 8 are missed (6 node faults read as restarts or as nothing; 2 GPU
 #: application faults restarted once, as i28k meant); no signature was changed: bare 195 of 277
 #: = 0.703, recall 0.84, 3 blamed; --nodes n1 183 of 244 = 0.75, recall 0.847, 3 blamed: the floors
-#: came down to those figures. On 2026-12-07 (i28m) NVIDIA's container hook is read by its own
+#: came down to those figures. On 2026-12-06 (i28m) NVIDIA's container hook is read by its own
 #: error set (a driver that timed out for want of a persistence daemon blames no node) and the
 #: fabric manager's version mismatch blames no node: 2 application faults blamed in both runs,
-#: accuracy and recall unchanged. On 2026-12-08 (i28o) the GPU setup lines a healthy node prints
+#: accuracy and recall unchanged. On 2026-12-06 (i28o) the GPU setup lines a healthy node prints
 #: for the job's own image, libraries or request (NVML's version mismatch, CUDA's 803, the hook's
 #: no-device line, NCCL's unhandled cuda error alone) blame no node: 0 application faults blamed
 #: in both runs, bare 0.671 and recall 0.75 (9 node faults not excluded), --nodes n1 0.721 and
