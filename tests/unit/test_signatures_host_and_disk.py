@@ -1,4 +1,4 @@
-"""Issue 28 (i28g, host and nodes): the kernel's disk and host messages, memory testers, a Lustre
+"""The kernel's disk and host messages, memory testers, a Lustre
 client's console lines and the GCC driver's crash retry, read by what each emitter means.
 
 Lines in the shape the emitter prints them (format strings from its source; hosts, pids and

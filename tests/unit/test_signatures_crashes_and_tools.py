@@ -1,4 +1,6 @@
-"""Issue 28 (i28f): message families read from their emitters' sources, by what each means.
+"""Crashes and tools, read from their emitters' sources by what each means: a DataLoader worker
+killed by SIGBUS, a Slurm program's fatal line, unrelated programs crashing on one node,
+gpu_burn's verdict, a client retrying its allocation.
 
 Lines in the shape the emitter prints them (format strings from its source; hosts, pids and
 numbers made up); where a number in the line decides, hypothesis varies it.

@@ -1,5 +1,6 @@
-"""Issue 28 (i28j): rules written from the development cases added in this step and from the
-emitters' sources (NCCL's ncclResult_t text, Slurm's slurmd and slurmctld).
+"""NCCL's ncclSystemError, a batch job requeued held after its launch failed, and a user
+environment Slurm could not read: read from the emitters' sources (NCCL's ncclResult_t text,
+Slurm's slurmd and slurmctld).
 
 Lines in the shape the emitter prints them; job ids, node counts, users and hosts made up, and
 varied by hypothesis where they vary.

@@ -1,4 +1,4 @@
-"""Issue 28 (i28k): ``stop`` earned, by design (docs/signatures.md, "When the answer is stop").
+"""``stop`` earned, by design (docs/signatures.md, "When the answer is stop").
 
 A line that a bad node prints as well as a buggy program, where the log alone cannot tell them
 apart, is restarted once (``requeue``, no node blamed; ``stop_on_same_failure`` stops the
