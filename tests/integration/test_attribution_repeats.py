@@ -1,7 +1,7 @@
 """Issue 17 on the real local cluster (`srecovery dev up --mode act`: a real controller, a
 sidecar per node delivering the jobs' output and the simulated GPUs' XIDs, real Slurm):
 
-- the node of origin: a one-node job whose output says the node's driver is broken is requeued
+- the node of origin: a one-node job whose output says the node's GPU memory failed is requeued
   away from that node, although the line names no host;
 - the same failure after a restart stops the job instead of burning its restarts;
 - repeats escalate: an application XID that one GPU keeps logging, across jobs, implicates the
@@ -22,7 +22,10 @@ __all__ = ["slurm"]  # the fixture, shared with the issue-16 tests
 
 pytestmark = pytest.mark.cluster
 
-MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
+#: CUDA's own words for a GPU memory error the ECC could not correct: the node's GPU, whatever
+#: the program (NVML's "Driver/library version mismatch" was the line here until issue 28 read
+#: it as a restart with no node blamed: a job's image can bring its own driver libraries)
+ECC = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
 TIMEOUT = (
     "[rank0]:[E1201 10:00:00.000000000 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught "
     "collective operation timeout: WorkNCCL(SeqNum=4242, OpType=ALLREDUCE, NumelIn=1024, "
@@ -40,17 +43,17 @@ def closed(slurm, job_id: int, count: int = 1) -> list[dict] | None:
     return stories if len(stories) >= count else None
 
 
-def test_a_one_node_jobs_broken_driver_line_requeues_it_away_from_its_node(stack, slurm, tmp_path):
+def test_a_one_node_jobs_gpu_memory_error_requeues_it_away_from_its_node(stack, slurm, tmp_path):
     tmp_path.chmod(0o755)
     job_id = slurm.submit(
-        "-N1", "-o", str(tmp_path / "job-%j.out"), f'--wrap=echo "{MISMATCH}"; sleep 2; exit 1'
+        "-N1", "-o", str(tmp_path / "job-%j.out"), f'--wrap=echo "{ECC}"; sleep 2; exit 1'
     )
     (story,) = wait_for(lambda: closed(slurm, job_id), timeout=90, interval=0.5)
     advice = story["advice"]
     (node,) = advice["job"]["nodes"] if "job" in advice else advice["verdict"]["job"]["nodes"]
     assert advice["verdict"]["nodes"] == [node], (advice["reason"], advice["verdict"])
     assert advice["action"] == "requeue_exclude" and advice["exclude"] == [node], advice
-    assert "nvml.version_mismatch" in advice["reason"], advice["reason"]
+    assert "cuda.ecc_uncorrectable" in advice["reason"], advice["reason"]
     again = wait_for(
         lambda: (j := slurm.scheduler.get_job(job_id)).restart_count == 1 and j, timeout=60
     )
