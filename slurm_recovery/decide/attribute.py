@@ -17,8 +17,10 @@ Each piece of evidence becomes a finding: a class, whether it is *decisive*, a c
 the node it implicates (if any). The verdict is the first tier that has findings:
 
 1. decisive hardware: an operator's report (1.0), a fatal hardware XID (0.95);
-2. decisive system: a fatal driver/firmware XID (0.9); a node Slurm shows down when Slurm ended
-   the job NODE_FAIL or BOOT_FAIL (0.8; with no node named, 0.5 and no node implicated);
+2. decisive system: the node's sidecar found its NVIDIA driver libraries and loaded kernel
+   module at different versions (``driver_version_mismatch``, 0.95); a fatal driver/firmware
+   XID (0.9); a node Slurm shows down when Slurm ended the job NODE_FAIL or BOOT_FAIL (0.8;
+   with no node named, 0.5 and no node implicated);
 3. application: the job's application log signature (0.9), OUT_OF_MEMORY (0.9), an application
    XID (0.8). Never implicates a node;
 4. weak hardware: a hardware log signature blaming a node (0.8), a non-fatal hardware XID (0.6),
@@ -56,6 +58,7 @@ from slurm_recovery.contract.wire import health_check_failure_line
 from slurm_recovery.decide.cleared import cleared_ids
 from slurm_recovery.decide.detect import (
     NODE_FINDING_KINDS,
+    NODE_SOFTWARE_CHECKS,
     START_SLACK,
     concerns_job,
     in_attempt,
@@ -86,6 +89,10 @@ STRAGGLER_SLOWDOWN = 0.7  # a straggler's node with a throttling / link-downgrad
 STRAGGLER_LAG = 0.6  # a straggler's node whose rank's own step time lags the others'
 HEALTH_CHECK = 0.7  # the site's health check (NHC) drained the node, or failed it at job start
 SIDECAR_SILENT = 0.5  # the node's sidecar sent nothing past the grace while it ran the job
+# The node's own sidecar: its NVML library and the loaded kernel module differ. Certain for the
+# host and lasting until a reboot, so at least drain_min_confidence's default (0.9): drained
+# wherever the site drains system faults (classes.system.drain), excluded everywhere.
+DRIVER_VERSION_MISMATCH = 0.95
 
 #: Slurm job states meaning Slurm itself lost a node of the job.
 NODE_LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
@@ -386,7 +393,8 @@ def nhc_failure(payload: Mapping[str, Any]) -> str:
 
 def _sidecar_finding(ev: Evidence, on_node: bool, where: str) -> _Finding | None:
     """A GPU or fabric finding from the node's sidecar: fatal ones are decisive hardware
-    evidence (a lost GPU, uncorrectable ECC, a port that stays down); warnings are weak."""
+    evidence (a lost GPU, uncorrectable ECC, a port that stays down); warnings are weak. A
+    check of the node's driver install (:data:`NODE_SOFTWARE_CHECKS`) is system evidence."""
     severity = ev.payload.get("severity")
     if not on_node or severity not in ("fatal", "warning"):
         return None
@@ -394,6 +402,11 @@ def _sidecar_finding(ev: Evidence, on_node: bool, where: str) -> _Finding | None
     port = ev.payload.get("port")
     text = f"{check} on {where}" + (f" port {port}" if port else "")
     fatal = severity == "fatal"
+    if ev.kind == "gpu_finding" and check in NODE_SOFTWARE_CHECKS:
+        # the node's driver install, not its GPUs: system, decisive while fatal
+        text += " (its NVIDIA driver libraries and kernel module differ until a reboot)"
+        confidence = DRIVER_VERSION_MISMATCH if fatal else WEAK_SYSTEM_XID
+        return _Finding(FaultClass.SYSTEM, fatal, confidence, text, ev.id, ev.node, ev.gpu)
     confidence = FATAL_HARDWARE_XID if fatal else WEAK_HARDWARE_XID
     return _Finding(FaultClass.HARDWARE, fatal, confidence, text, ev.id, ev.node, ev.gpu)
 

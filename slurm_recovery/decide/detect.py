@@ -216,17 +216,28 @@ def detect(
 #: Sidecar findings about a node (GPU health, fabric ports); payload ``severity`` says how bad.
 NODE_FINDING_KINDS = frozenset({"gpu_finding", "ib_finding"})
 
+#: Sidecar checks of the node's GPU software rather than its hardware: ``driver_version_mismatch``
+#: (the sidecar's own nvmlInit: the host's NVML library and the loaded kernel module differ until
+#: a reboot). Every new GPU process on the node fails, while the processes already running keep
+#: the library they loaded and work on: such a finding explains a failure on its node (a
+#: decisive *system* finding, :mod:`decide.attribute`) but dooms no running job and is no
+#: hardware event (:func:`is_fatal_node_event`).
+NODE_SOFTWARE_CHECKS = frozenset({"driver_version_mismatch"})
+
 
 def is_fatal_node_event(ev: Evidence, catalogue: XidCatalogue) -> bool:
     """True for evidence that a node can no longer run work: an operator's report, a sidecar
-    finding of severity ``fatal``, or an XID the catalogue calls fatal whose fault is not the
-    application's."""
+    finding of severity ``fatal`` (not of :data:`NODE_SOFTWARE_CHECKS`: the running work is
+    fine), or an XID the catalogue calls fatal whose fault is not the application's."""
     if ev.node is None:
         return False
     if ev.kind == "operator_report":
         return True
     if ev.kind in NODE_FINDING_KINDS:
-        return ev.payload.get("severity") == "fatal"
+        return (
+            ev.payload.get("severity") == "fatal"
+            and ev.payload.get("check") not in NODE_SOFTWARE_CHECKS
+        )
     if ev.kind != "xid":
         return False
     code = xid_code(ev.payload)

@@ -58,6 +58,10 @@ GPU_CHECKS: Mapping[str, str] = {
     "nvlink_down": "fatal",  # a link that should be up is down
     "nvlink_errors_rising": "warning",
     "nvml_error": "warning",  # NVML itself failed or timed out: reported, never fatal
+    # the sidecar's own nvmlInit got NVML_ERROR_LIB_RM_VERSION_MISMATCH: the host's NVML
+    # library and the loaded kernel module differ (a driver upgraded without a reboot), so no
+    # new GPU process starts here until a reboot; of the node, never of a GPU (gpu None)
+    "driver_version_mismatch": "fatal",
     "gpu_reset": "info",  # the GPU was reset (or a simulated fault cleared): ends its conditions
 }
 

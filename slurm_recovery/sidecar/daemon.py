@@ -73,7 +73,10 @@ class Health:
     condition of its GPU (of the node, without a GPU). An XID the catalogue calls fatal and not
     the application's opens ``("xid", gpu)``. Fatal conditions need a GPU reset or a reboot to
     go away, and an edge-triggered backend does not report them again, so they are kept across
-    sidecar restarts within one boot (``boot_id``) and forgotten at a reboot.
+    sidecar restarts within one boot (``boot_id``) and forgotten at a reboot. One exception: a
+    ``gpu_inventory`` (the driver answered and listed the GPUs) closes the node's
+    ``driver_version_mismatch``, which a module reloaded without a reboot also ends, so that
+    a sidecar restarted in between does not hold the node on its predecessor's word.
     """
 
     def __init__(self, path: Path, node: str, catalogue: Any = None, boot_id: str = "") -> None:
@@ -112,6 +115,9 @@ class Health:
                     for key in reset:
                         del self.open[key]
                     changed |= bool(reset)
+                    continue
+                if finding.kind == "gpu_inventory":
+                    changed |= self.open.pop(("driver_version_mismatch", None), None) is not None
                     continue
                 key, entry = self._assess(finding)
                 if key is None:

@@ -83,7 +83,7 @@ def test_the_fake_matches_the_installed_nvidia_ml_py():
         assert callable(getattr(real, name, None)), f"pynvml has no {name}"
     for name, value in model.CONSTANTS.items():
         assert getattr(real, name) == value, name
-    for code in (3, 13, 15, 999):
+    for code in (3, 9, 13, 15, 18, 999):
         assert type(real.NVMLError(code)).__name__ == type(fake.NVMLError(code)).__name__
         assert str(fake.NVMLError(code)) == real.NVMLError._errcode_to_string.get(code, "?")
 
@@ -506,5 +506,141 @@ def test_without_nvidia_ml_py_the_backend_says_so(monkeypatch):
         found = b.poll(1.0)
         assert checks(found) == [("nvml_error", None, "warning")]
         assert "nvidia-ml-py is not installed" in found[0].payload["detail"]
+    finally:
+        b.close()
+
+
+# ------------------------------------------------------------------ the driver's version mismatch
+
+
+def _real_pynvml():
+    """The installed nvidia-ml-py (it imports without a GPU): its own exception classes."""
+    return pytest.importorskip("pynvml")
+
+
+def test_the_installed_nvidia_ml_py_names_the_mismatch_as_the_backend_reads_it():
+    real = _real_pynvml()
+    assert real.NVML_ERROR_LIB_RM_VERSION_MISMATCH == 18
+    assert real.NVML_ERROR_DRIVER_NOT_LOADED == 9
+    error = real.NVMLError(real.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+    assert type(error) is real.NVMLError_LibRmVersionMismatch and error.value == 18
+    assert isinstance(error, real.NVMLError)
+
+
+class _RealInitError:
+    """A pynvml whose ``nvmlInit`` raises the installed nvidia-ml-py's own exception for
+    ``code`` (``NVMLError(code)``: the subclass, with ``.value``), as the real one does on a
+    host whose libnvidia-ml and kernel module differ; constants are the installed ones."""
+
+    def __init__(self, code):
+        self._real = _real_pynvml()
+        self.NVMLError = self._real.NVMLError
+        self.code = code
+        self.calls = 0
+
+    def __getattr__(self, name):
+        if name.startswith("NVML"):
+            return getattr(self._real, name)
+        raise AttributeError(name)
+
+    def nvmlInit(self):
+        self.calls += 1
+        raise self._real.NVMLError(self.code)
+
+
+def test_the_real_mismatch_exception_at_init_is_a_fatal_finding_of_the_node():
+    nvml = _RealInitError(_real_pynvml().NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+    b = NvmlBackend(expected_gpus=2, timeout=0.5, nvml=nvml, repeat_after=300.0)
+    try:
+        found = b.poll(1000.0)
+        assert checks(found) == [("driver_version_mismatch", None, "fatal")]
+        detail = found[0].payload["detail"]
+        assert "NVMLError_LibRmVersionMismatch" in detail and "rebooted" in detail
+        assert found[0].payload["call"] == "nvmlInit"
+        assert b.degraded and "LibRmVersionMismatch" in b.status()
+        assert b.poll(1010.0) == [] and nvml.calls == 2  # retried every poll, said once
+        # lasting: again every repeat_after, so a later failure has it in its window
+        assert checks(b.poll(1300.0)) == [("driver_version_mismatch", None, "fatal")]
+        assert b.poll(1310.0) == []
+    finally:
+        b.close()
+
+
+def test_the_mismatch_clears_when_a_later_init_succeeds(world):
+    world.init_error = 18  # the model's NVMLError_LibRmVersionMismatch (checked above)
+    b = NvmlBackend(expected_gpus=2, timeout=0.5)
+    try:
+        assert checks(b.poll(1000.0)) == [("driver_version_mismatch", None, "fatal")]
+        assert b.poll(1010.0) == []
+        world.init_error = None  # rebooted (or the module reloaded): the next init succeeds
+        found = b.poll(1020.0)
+        assert [f.kind for f in found] == ["gpu_finding", "gpu_inventory"]
+        assert checks(found) == [("driver_version_mismatch", None, "info")]
+        assert found[0].payload["cleared"] is True
+        assert not b.degraded
+        assert b.poll(1030.0) == []
+        world.init_error = 18  # initialized: NVML is not initialized again, nothing to say
+        assert b.poll(1040.0) == []
+    finally:
+        b.close()
+
+
+def test_the_mismatch_is_kept_in_the_health_file_until_nvml_answers(tmp_path, world):
+    from slurm_recovery.sidecar.daemon import Health
+
+    assert GPU_CHECKS["driver_version_mismatch"] == "fatal"
+    health = Health(tmp_path / "health.json", "n1", boot_id="boot-1")
+    world.init_error = 18
+    b = NvmlBackend(expected_gpus=2, timeout=0.5)
+    try:
+        assert health.observe(b.poll(1.0))
+        assert list(health.open) == [("driver_version_mismatch", None)]
+        health.write(2.0)
+    finally:
+        b.close()
+    # a sidecar restarted in the same boot after the module was reloaded: its first
+    # successful init sends an inventory, which ends its predecessor's mismatch
+    again = Health(tmp_path / "health.json", "n1", boot_id="boot-1")
+    assert list(again.open) == [("driver_version_mismatch", None)]
+    world.init_error = None
+    fresh = NvmlBackend(expected_gpus=2, timeout=0.5)
+    try:
+        found = fresh.poll(3.0)
+        assert checks(found) == []  # this process never saw the mismatch
+        assert again.observe(found) and again.open == {}
+    finally:
+        fresh.close()
+    # a reboot forgets it too (another boot id)
+    assert Health(tmp_path / "health.json", "n1", boot_id="boot-2").open == {}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [9, 4, 12, 999],  # DRIVER_NOT_LOADED, NO_PERMISSION, LIBRARY_NOT_FOUND, UNKNOWN
+)
+def test_other_init_failures_stay_nvml_errors(code):
+    b = NvmlBackend(expected_gpus=2, timeout=0.5, nvml=_RealInitError(code))
+    try:
+        assert checks(b.poll(1.0)) == [("nvml_error", None, "warning")]
+    finally:
+        b.close()
+
+
+def test_a_hung_init_or_a_missing_pynvml_is_never_the_mismatch(world, monkeypatch):
+    release = threading.Event()
+    world.hang["nvmlInit"] = release
+    world.init_error = 18  # what the init would say once it returns: not yet known
+    b = NvmlBackend(expected_gpus=2, timeout=0.3)
+    try:
+        found = b.poll(1.0) + b.poll(11.0) + b.poll(400.0)
+        assert {c for c, _, _ in checks(found)} == {"nvml_error"}
+        assert all(f.payload["severity"] != "fatal" for f in found)
+    finally:
+        release.set()
+        b.close()
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    b = NvmlBackend(expected_gpus=2, timeout=0.5)
+    try:
+        assert checks(b.poll(1.0)) == [("nvml_error", None, "warning")]
     finally:
         b.close()

@@ -6,7 +6,21 @@ and waits at most ``timeout`` seconds: a call that hangs (NVML can) becomes an
 hung call returns -- the sidecar itself is never blocked. Any ``NVMLError`` is reported,
 never raised; ``NotSupported`` for a metric on a GPU skips that metric quietly.
 
-This path runs for real only on a host with an NVIDIA GPU and driver. Here it is covered by
+One failure of NVML is the node's, not the sidecar's: ``nvmlInit`` answering
+``NVML_ERROR_LIB_RM_VERSION_MISMATCH`` (18). The kernel module itself compares the version of
+the library that called it with its own, so the host's libnvidia-ml (the one this process
+loads) and the loaded module differ: a driver upgraded without a reboot, and no new GPU
+process starts on this node until it is rebooted. It is a fatal ``driver_version_mismatch``
+finding of the node (no GPU), repeated every ``repeat_after`` while it holds (the condition is
+permanent, a job's failure hours later still has one in its evidence window) and ``cleared``
+by the first ``nvmlInit`` that succeeds (retried every poll). Nothing else becomes it: a hung
+``nvmlInit``, pynvml missing, ``NVML_ERROR_DRIVER_NOT_LOADED`` (9: this process sees no
+module, which the unit's sandbox, a module not loaded yet at boot, or a driver being
+reinstalled also give) and every other code stay ``nvml_error`` warnings.
+
+This path runs for real only on a host with an NVIDIA GPU and driver, never in CI (no GPU):
+the version mismatch above too, which needs a driver upgraded under a loaded module. Here it
+is covered by
 ``tests/unit/test_nvml_backend.py`` against a recorded fake of nvidia-ml-py
 (``tests/unit/nvml_model/fake_pynvml.py``: the names and value shapes of nvidia-ml-py
 13.615.71); ``tests/gpu/run.sh`` runs ``tests/gpu/`` against the real NVML on any GPU host.
@@ -33,7 +47,11 @@ _ERR_INVALID_ARGUMENT = 2
 _ERR_NOT_FOUND = 6
 _ERR_FUNCTION_NOT_FOUND = 13
 _ERR_GPU_IS_LOST = 15
+_ERR_LIB_RM_VERSION_MISMATCH = 18
 _ERR_NO_DATA = 21
+
+#: The node-level check of a host library / kernel module version mismatch (see above).
+_MISMATCH = "driver_version_mismatch"
 
 _REASON_HW_SLOWDOWN = 0x08
 _REASON_SW_THERMAL = 0x20
@@ -401,11 +419,19 @@ class NvmlBackend:
             self._problem = "nvmlInit hangs"
             raise
         except Exception as exc:
-            self._fail_start(now, f"nvmlInit failed: {_describe(exc)}")
+            mismatch = self._const(
+                "NVML_ERROR_LIB_RM_VERSION_MISMATCH", _ERR_LIB_RM_VERSION_MISMATCH
+            )
+            if self._code(exc) == mismatch:
+                self._version_mismatch(now, f"nvmlInit failed: {_describe(exc)}")
+            else:
+                self._fail_start(now, f"nvmlInit failed: {_describe(exc)}")
             return
         self._initialized = True
         self._problem = None
         self._error_cleared(None, "init", "nvmlInit")
+        self._last_report.pop((None, _MISMATCH), None)
+        self._condition(None, _MISMATCH, False, now, "")  # cleared, if it was reported
         self._enumerate(now)
 
     def _fail_start(self, now: float, text: str) -> None:
@@ -413,6 +439,25 @@ class NvmlBackend:
         if self._errors.get((None, "init")) != text:
             self._errors[(None, "init")] = text
             self._out.append(gpu_finding("nvml_error", now, None, text, call="nvmlInit"))
+
+    def _version_mismatch(self, now: float, text: str) -> None:
+        """The host's NVML library and the loaded kernel module differ (nvmlInit's
+        LIB_RM_VERSION_MISMATCH): a fatal finding of the node, again every ``repeat_after``
+        while it holds, so that every failure on the node has one in its evidence window."""
+        self._problem = text
+        key = (None, _MISMATCH)
+        state = self._conditions.setdefault(key, _Condition())
+        last = self._last_report.get(key)
+        if state.reported and last is not None and 0 <= now - last < self._repeat_after:
+            return
+        detail = (
+            f"{text}: this node's NVIDIA driver libraries and its loaded kernel module are "
+            "different versions (a driver upgraded without a reboot); no new GPU process can "
+            "start here until the node is rebooted"
+        )
+        state.polls, state.reported, state.level, state.detail = 1, True, 1, detail
+        self._last_report[key] = now
+        self._out.append(gpu_finding(_MISMATCH, now, None, detail, call="nvmlInit"))
 
     def _enumerate(self, now: float) -> None:
         count = self._get(None, "count", "nvmlDeviceGetCount")

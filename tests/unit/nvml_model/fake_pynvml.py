@@ -54,6 +54,7 @@ CONSTANTS: dict[str, int] = {
     "NVML_ERROR_LIBRARY_NOT_FOUND": 12,
     "NVML_ERROR_FUNCTION_NOT_FOUND": 13,
     "NVML_ERROR_GPU_IS_LOST": 15,
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": 18,
     "NVML_ERROR_NO_DATA": 21,
     "NVML_ERROR_UNKNOWN": 999,
     "NVML_FEATURE_DISABLED": 0,
@@ -100,6 +101,7 @@ ERROR_TEXT = {
     12: "NVML Shared Library Not Found",
     13: "Function Not Found",
     15: "GPU is lost",
+    18: "RM has detected an NVML/RM version mismatch.",
     21: "No data",
     999: "Unknown Error",
 }
