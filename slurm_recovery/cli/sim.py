@@ -51,7 +51,17 @@ def sim() -> None:
     type=click.IntRange(0, 100),
     help="How busy the GPU (or every GPU) looks, in percent (0 = idle, the default).",
 )
-@click.option("--clear", is_flag=True, help="Reset the GPU (or every GPU) to healthy.")
+@click.option(
+    "--driver-mismatch",
+    is_flag=True,
+    help="The node's driver libraries and kernel module differ (a driver upgraded without a "
+    "reboot): NVML cannot start; no --gpu, and --clear without --gpu ends it.",
+)
+@click.option(
+    "--clear",
+    is_flag=True,
+    help="Reset the GPU (or every GPU, which also ends --driver-mismatch, as a reboot) to healthy.",
+)
 @click.option(
     "--sim-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -70,13 +80,16 @@ def inject(
     lose_gpu: bool,
     link_downgrade: bool,
     utilization: int | None,
+    driver_mismatch: bool,
     clear: bool,
     sim_dir: Path | None,
     as_json: bool,
 ) -> None:
     """Inject faults into NODE's simulated GPUs; the node's sidecar reports them (XIDs within
     sidecar.fast_interval, the others at its next poll)."""
-    if clear and any((xid is not None, ecc_dbe, throttle, lose_gpu, link_downgrade)):
+    if clear and any(
+        (xid is not None, ecc_dbe, throttle, lose_gpu, link_downgrade, driver_mismatch)
+    ):
         raise click.UsageError("--clear resets the GPU; inject faults in a separate command")
     if message is not None and xid is None:
         raise click.UsageError("--message goes with --xid")
@@ -93,6 +106,7 @@ def inject(
             lose_gpu=lose_gpu,
             link_downgrade=link_downgrade,
             utilization=utilization,
+            driver_mismatch=driver_mismatch,
             clear=clear,
             gpus_if_new=gpus,
         )
@@ -122,6 +136,8 @@ def _describe(event: dict[str, Any]) -> str:
         return f"{where} lost"
     if kind == "link_downgrade":
         return f"PCIe link downgrade on {where}"
+    if kind == "driver_mismatch":
+        return "driver libraries and kernel module differ (driver_version_mismatch until --clear)"
     if kind == "clear":
         return f"{where} reset to healthy"
     if kind == "utilization":
@@ -168,6 +184,8 @@ def show(ctx: click.Context, node: str | None, sim_dir: Path | None, as_json: bo
             f"{name}  ({len(state['gpus'])} GPUs, XIDs taken by the sidecar up to event "
             f"{state['xid_delivered']})"
         )
+        if state.get("driver_mismatch"):
+            click.echo("  DRIVER MISMATCH: libraries and kernel module differ, NVML cannot start")
         click.echo(f"  {'GPU':>3} {'PCI':<17} {'STATE':<8} {'ECC-DBE':>7} {'PCIE':<9} THROTTLE")
         for g in state["gpus"]:
             link = f"gen{g['pcie_gen']} x{g['pcie_width']}"

@@ -13,6 +13,16 @@ restarted sidecar never re-sends one.
 Telemetry faults show on the slow poll (:meth:`SimBackend.poll`) as ``gpu_finding`` evidence,
 the way NVML reports them: a condition is reported when it appears or worsens and reported
 ``cleared`` when it goes away; a restarted sidecar reports the conditions present.
+
+One condition is the node's, not a GPU's: ``driver_mismatch`` (``srecovery sim inject
+--driver-mismatch``), the node's NVIDIA libraries and loaded kernel module at different
+versions (a driver upgraded without a reboot). While it holds the backend answers as the NVML
+backend does after its own ``nvmlInit`` failed with LIB_RM_VERSION_MISMATCH: the fatal
+``driver_version_mismatch`` finding of the node (:class:`~slurm_recovery.sidecar.gpu.
+DriverMismatch`, shared with NVML), again every ``repeat_after``, and no GPUs (no inventory,
+no telemetry, no GPU findings); injected XIDs still come (the kernel log does not need NVML).
+``--clear`` of every GPU ends it, as the reboot that fixes it would: ``cleared``, then the
+inventory again.
 """
 
 from __future__ import annotations
@@ -31,12 +41,17 @@ from pathlib import Path
 from typing import Any
 
 from slurm_recovery.sidecar.base import Finding
-from slurm_recovery.sidecar.gpu import GpuInfo, gpu_finding, inventory_finding
+from slurm_recovery.sidecar.gpu import DriverMismatch, GpuInfo, gpu_finding, inventory_finding
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1
 GPU_NAME = "NVIDIA H100 80GB HBM3 (simulated)"
+#: What the simulated ``nvmlInit`` says while the driver's versions differ (pynvml's words).
+MISMATCH_CAUSE = (
+    "nvmlInit failed: NVMLError_LibRmVersionMismatch: RM has detected an NVML/RM version "
+    "mismatch. (simulated)"
+)
 #: PCI buses of the eight GPUs of a typical HGX board; more GPUs continue past them.
 _PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 _UUID_NAMESPACE = uuid.UUID("6f1d3a52-8f0e-4c59-9a57-2d1c7e0b4a11")
@@ -174,23 +189,28 @@ def inject(
     lose_gpu: bool = False,
     link_downgrade: bool = False,
     utilization: int | None = None,
+    driver_mismatch: bool = False,
     clear: bool = False,
     gpus_if_new: int = 8,
     now: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Record faults on ``node`` (one event each, in this order: clear, xid, ecc_dbe, throttle,
-    lose_gpu, link_downgrade, utilization) and return the events. ``clear`` resets every GPU
-    (or only ``gpu``) to healthy, as a GPU reset would. ``utilization`` (percent) sets how busy
-    the GPU (or every GPU) looks, so a simulated job can look busy, then idle. The state is
-    created with ``gpus_if_new`` GPUs if the node has none yet."""
+    """Record faults on ``node`` (one event each, in this order: clear, driver_mismatch, xid,
+    ecc_dbe, throttle, lose_gpu, link_downgrade, utilization) and return the events. ``clear``
+    resets every GPU (or only ``gpu``) to healthy, as a GPU reset would; a clear of every GPU
+    also ends the node's ``driver_mismatch`` (its libraries and kernel module differ until a
+    reboot: no GPU reset ends it). ``utilization`` (percent) sets how busy the GPU (or every
+    GPU) looks, so a simulated job can look busy, then idle. The state is created with
+    ``gpus_if_new`` GPUs if the node has none yet."""
     faults = xid is not None or ecc_dbe > 0 or throttle or lose_gpu or link_downgrade
-    if not faults and not clear and utilization is None:
+    if not faults and not clear and utilization is None and not driver_mismatch:
         raise SimError(
             "nothing to inject: give --xid, --ecc-dbe, --throttle, --lose-gpu, "
-            "--link-downgrade, --utilization or --clear"
+            "--link-downgrade, --utilization, --driver-mismatch or --clear"
         )
     if faults and gpu is None:
         raise SimError("which GPU? give --gpu INDEX")
+    if driver_mismatch and gpu is not None:
+        raise SimError("the driver mismatch is the node's, not a GPU's: leave out --gpu")
     if utilization is not None and not 0 <= utilization <= 100:
         raise SimError("utilization is a percentage, 0 to 100")
     if throttle is not None and throttle not in THROTTLE_REASONS:
@@ -214,7 +234,12 @@ def inject(
                 fresh = _gpu(node, g["index"])
                 fresh["ecc_dbe_aggregate"] = g["ecc_dbe_aggregate"]  # survives a reset
                 g.update(fresh)
+            if gpu is None:
+                state.pop("driver_mismatch", None)  # as a reboot would
             record("clear", gpu)
+        if driver_mismatch:
+            state["driver_mismatch"] = True
+            record("driver_mismatch", None)
         if gpu is not None and faults:
             g = gpus[gpu]
             if xid is not None:
@@ -261,7 +286,8 @@ def _trim(state: dict[str, Any]) -> None:
 class SimBackend:
     """A :class:`~slurm_recovery.sidecar.gpu.GpuBackend` over ``<sim_dir>/<node>.json`` with
     ``gpus`` GPUs (the file is created, or resized to ``gpus``, on open). ``expected_gpus``
-    0 means ``gpus``."""
+    0 means ``gpus``. ``repeat_after``: how often an injected driver mismatch is sent again
+    while it holds (as NVML's)."""
 
     name = "sim"
     fast = False
@@ -272,6 +298,8 @@ class SimBackend:
         sim_dir: str | os.PathLike[str],
         gpus: int,
         expected_gpus: int = 0,
+        *,
+        repeat_after: float = 300.0,
     ) -> None:
         if gpus < 0:
             raise SimError("the number of simulated GPUs cannot be negative")
@@ -297,6 +325,7 @@ class SimBackend:
         #: (check, gpu) -> what was reported, to report changes only
         self._reported: dict[tuple[str, int | None], Mapping[str, Any]] = {}
         self._inventory_reported: list[GpuInfo] | None = None
+        self._mismatch = DriverMismatch(repeat_after)
 
     # --- reading the file (cheaply: only when it changed) ------------------------------------
 
@@ -319,16 +348,31 @@ class SimBackend:
 
     # --- the GPU backend ---------------------------------------------------------------------
 
+    @staticmethod
+    def _mismatched(state: Mapping[str, Any]) -> bool:
+        return bool(state.get("driver_mismatch"))
+
+    def status(self) -> str:
+        """``"ok"``, or why the simulated NVML is degraded (for the sidecar's status event)."""
+        return f"degraded: {MISMATCH_CAUSE}" if self._mismatched(self._current()) else "ok"
+
     def inventory(self) -> list[GpuInfo]:
-        """The GPUs the (simulated) driver enumerates now."""
+        """The GPUs the (simulated) driver enumerates now (none while its versions differ)."""
+        state = self._current()
+        if self._mismatched(state):
+            return []
         return [
             GpuInfo(g["index"], g["uuid"], g["pci_bus_id"], g["name"], g["serial"])
-            for g in self._current()["gpus"]
+            for g in state["gpus"]
             if g["present"]
         ]
 
     def telemetry(self) -> dict[int, dict[str, Any]]:
-        """Plain readings per present GPU (steady, plausible values for an idle GPU)."""
+        """Plain readings per present GPU (steady, plausible values for an idle GPU); none
+        while the driver's versions differ."""
+        state = self._current()
+        if self._mismatched(state):
+            return {}
         return {
             g["index"]: {
                 "temperature_c": 34 + g["index"] % 4,
@@ -340,16 +384,26 @@ class SimBackend:
                 "pcie_gen": g["pcie_gen"],
                 "pcie_width": g["pcie_width"],
             }
-            for g in self._current()["gpus"]
+            for g in state["gpus"]
             if g["present"]
         }
 
     def poll(self, now: float) -> list[Finding]:
         """The slow poll: ``gpu_inventory`` when the GPUs the driver sees changed (and on the
         first poll), ``gpu_finding`` for each condition that appeared or changed since the
-        last poll, and a ``cleared`` one (severity info) for each that went away."""
+        last poll, and a ``cleared`` one (severity info) for each that went away. While the
+        driver's versions differ: only the node's ``driver_version_mismatch`` (again every
+        ``repeat_after``), as NVML after a failed ``nvmlInit``; the GPU conditions and the
+        inventory are taken up again when it ends (the inventory sent again)."""
         state = self._current()
+        if self._mismatched(state):
+            self._inventory_reported = None  # NVML enumerates afresh after a good nvmlInit
+            found = self._mismatch.holds(now, MISMATCH_CAUSE, call="nvmlInit", origin="sim")
+            return [] if found is None else [found]
         findings = []
+        cleared = self._mismatch.ended(now, origin="sim")
+        if cleared is not None:
+            findings.append(cleared)
         inventory = self.inventory()
         if inventory != self._inventory_reported:
             findings.append(inventory_finding(inventory, self.expected, now))
@@ -478,6 +532,7 @@ class SimBackend:
     def close(self) -> None:
         self._reported.clear()
         self._inventory_reported = None
+        self._mismatch = DriverMismatch(self._mismatch.repeat_after)
 
 
 class SimXidSource:

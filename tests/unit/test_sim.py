@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import tempfile
 from pathlib import Path
+from unittest.mock import ANY
 
 import click
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurm_recovery.config import SidecarConfig
 from slurm_recovery.sidecar import registry
 from slurm_recovery.sidecar.base import Finding
 from slurm_recovery.sidecar.daemon import HEALTH_FILE, Health
 from slurm_recovery.sidecar.gpu import GpuBackend, GpuInfo
+from slurm_recovery.sidecar.gpu.nvml import NvmlBackend
 from slurm_recovery.sidecar.sim import (
     SimBackend,
     SimError,
@@ -412,3 +417,177 @@ def test_health_lists_open_fatal_conditions_until_cleared(tmp_path):
     assert health.observe(backend.poll_xids(NOW + 5))
     assert health.open == {}
     assert not health.observe(backend.poll(NOW + 6))  # the cleared findings change nothing
+
+
+# --- the node's driver version mismatch (--driver-mismatch) -------------------------------------
+
+
+def mismatches(findings: list[Finding]) -> list[tuple[str | None, str, bool]]:
+    return [
+        (f.gpu, f.payload["severity"], bool(f.payload.get("cleared")))
+        for f in findings
+        if f.kind == "gpu_finding" and f.payload["check"] == "driver_version_mismatch"
+    ]
+
+
+def test_the_injected_mismatch_is_what_nvml_reports_for_its_own_failed_init(tmp_path):
+    from tests.unit.test_nvml_backend import _real_pynvml, _RealInitError
+
+    nvml = NvmlBackend(
+        expected_gpus=8,
+        timeout=0.5,
+        nvml=_RealInitError(_real_pynvml().NVML_ERROR_LIB_RM_VERSION_MISMATCH),
+    )
+    try:
+        (real,) = nvml.poll(NOW)
+    finally:
+        nvml.close()
+    backend = SimBackend("n2", tmp_path, 8)
+    inject(tmp_path, "n2", driver_mismatch=True)
+    (sim,) = backend.poll(NOW)
+    assert (sim.kind, sim.gpu, sim.observed_at) == (real.kind, real.gpu, real.observed_at)
+    assert (sim.kind, sim.gpu) == ("gpu_finding", None)
+    assert {**sim.payload, "origin": None} == {**real.payload, "origin": None, "detail": ANY}
+    assert sim.payload["origin"] == "sim" and "origin" not in real.payload
+    assert (sim.payload["check"], sim.payload["severity"], sim.payload["call"]) == (
+        "driver_version_mismatch",
+        "fatal",
+        "nvmlInit",
+    )
+    # one text, made in one place: the simulated cause only says it is simulated
+    assert sim.payload["detail"].replace(" (simulated)", "") == real.payload["detail"]
+
+
+def test_while_the_mismatch_holds_nvml_answers_nothing_else(tmp_path):
+    backend = SimBackend("n2", tmp_path, 4)
+    assert [f.kind for f in backend.poll(NOW)] == ["gpu_inventory"]
+    assert backend.status() == "ok"
+    inject(tmp_path, "n2", driver_mismatch=True)
+    inject(tmp_path, "n2", gpu=1, ecc_dbe=1)  # a GPU fault no NVML call can see meanwhile
+    assert mismatches(backend.poll(NOW + 10)) == [(None, "fatal", False)]
+    assert backend.inventory() == [] and backend.telemetry() == {}
+    assert backend.status().startswith("degraded: nvmlInit failed: NVMLError_LibRmVersion")
+    assert backend.poll(NOW + 20) == []  # said once per repeat_after
+    # a GPU reset does not end it: the libraries still differ from the module
+    inject(tmp_path, "n2", gpu=1, clear=True)
+    assert backend.poll(NOW + 30) == [] and backend.inventory() == []
+    # XIDs still come: the kernel log does not need NVML
+    inject(tmp_path, "n2", gpu=2, xid=79)
+    assert [f.kind for f in backend.poll_xids(NOW + 31)] == ["gpu_finding", "xid"]
+
+
+def test_the_mismatch_is_sent_again_every_repeat_after_while_it_holds(tmp_path):
+    backend = SimBackend("n2", tmp_path, 2, repeat_after=60.0)
+    inject(tmp_path, "n2", driver_mismatch=True)
+    assert mismatches(backend.poll(NOW)) == [(None, "fatal", False)]
+    assert backend.poll(NOW + 59) == []
+    assert mismatches(backend.poll(NOW + 60)) == [(None, "fatal", False)]
+    assert backend.poll(NOW + 61) == []
+    # a restarted sidecar says it at its first poll
+    assert mismatches(SimBackend("n2", tmp_path, 2).poll(NOW + 62)) == [(None, "fatal", False)]
+
+
+def test_a_clear_of_every_gpu_ends_it_as_a_reboot_would(tmp_path):
+    backend = SimBackend("n2", tmp_path, 4)
+    backend.poll(NOW)
+    inject(tmp_path, "n2", gpu=3, throttle="thermal")
+    assert checks(backend.poll(NOW + 5)) == [("throttle_thermal", 3, "warning")]
+    inject(tmp_path, "n2", driver_mismatch=True)
+    (held,) = backend.poll(NOW + 10)
+    inject(tmp_path, "n2", clear=True, now=NOW + 15)
+    (reset,) = backend.poll_xids(NOW + 16)
+    assert (reset.payload["check"], reset.gpu) == ("gpu_reset", None)
+    found = backend.poll(NOW + 20)
+    assert mismatches(found) == [(None, "info", True)]
+    cleared = next(f for f in found if f.payload.get("check") == "driver_version_mismatch")
+    assert cleared.payload["detail"] == f"cleared: {held.payload['detail']}"
+    assert ("throttle_thermal", 3, "info") in checks(found)  # the reset ended it too
+    (inventory,) = [f for f in found if f.kind == "gpu_inventory"]  # enumerated afresh
+    assert len(inventory.payload["gpus"]) == 4 and len(backend.telemetry()) == 4
+    assert backend.status() == "ok" and "driver_mismatch" not in load_state(tmp_path, "n2")
+    assert backend.poll(NOW + 400) == []  # over: never sent again
+
+
+def test_the_health_file_holds_the_mismatch_until_the_clear(tmp_path):
+    backend = SimBackend("n2", tmp_path, 4)
+    health = Health(tmp_path / HEALTH_FILE, "n2", boot_id="boot-1")
+    inject(tmp_path, "n2", driver_mismatch=True)
+    assert health.observe(backend.poll(NOW))
+    assert list(health.open) == [("driver_version_mismatch", None)]
+    inject(tmp_path, "n2", gpu=0, clear=True)  # a GPU reset: still open
+    assert not health.observe(backend.poll_xids(NOW + 1) + backend.poll(NOW + 1))
+    inject(tmp_path, "n2", clear=True)
+    health.observe(backend.poll_xids(NOW + 2) + backend.poll(NOW + 2))
+    assert health.open == {}
+
+
+def test_a_mismatch_on_a_gpu_is_refused(tmp_path):
+    with pytest.raises(SimError, match="leave out --gpu"):
+        inject(tmp_path, "n2", gpu=0, driver_mismatch=True)
+    assert load_state(tmp_path, "n2") is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(["mismatch", "clear", "clear_gpu", "poll"]), st.floats(0, 200)),
+        max_size=25,
+    )
+)
+def test_the_mismatch_is_reported_as_a_condition_whatever_the_order(steps):
+    """Any order of injections, clears and polls (time only moves forward): while it holds,
+    the fatal finding at the first poll and again once ``repeat_after`` has passed since the
+    last; a ``cleared`` one at the first poll after it ended, only if it was reported."""
+    with tempfile.TemporaryDirectory() as folder:
+        backend = SimBackend("n2", folder, 2, repeat_after=100.0)
+        now, holds, last, model_reported = NOW, False, None, False
+        for op, step in steps:
+            now += step
+            if op == "mismatch":
+                inject(folder, "n2", driver_mismatch=True, now=now)
+                holds = True
+            elif op == "clear":
+                inject(folder, "n2", clear=True, now=now)
+                holds = False
+            elif op == "clear_gpu":
+                inject(folder, "n2", gpu=1, clear=True, now=now)
+            else:
+                seen = mismatches(backend.poll(now))
+                if holds:
+                    due = last is None or now - last >= 100.0
+                    assert seen == ([(None, "fatal", False)] if due else [])
+                    last = now if due else last
+                    model_reported = True
+                else:
+                    assert seen == ([(None, "info", True)] if model_reported else [])
+                    last, model_reported = None, False
+                assert (backend.inventory() == []) == holds
+                assert (backend.status() != "ok") == holds
+
+
+def test_cli_injects_and_clears_the_driver_mismatch(cli, tmp_path):
+    out = cli("inject", "--node", "n3", "--driver-mismatch")
+    assert out.exit_code == 0, out.output
+    assert out.output == (
+        "injected on n3: driver libraries and kernel module differ "
+        "(driver_version_mismatch until --clear) (event 1)\n"
+    )
+    assert load_state(tmp_path / "sim", "n3")["driver_mismatch"] is True
+    assert "DRIVER MISMATCH" in cli("show", "--node", "n3").output
+    (event,) = json.loads(cli("inject", "--node", "n3", "--driver-mismatch", "--json").output)[
+        "events"
+    ]
+    assert (event["type"], event["gpu"]) == ("driver_mismatch", None)
+    assert cli("inject", "--node", "n3", "--gpu", "0", "--clear").exit_code == 0
+    assert load_state(tmp_path / "sim", "n3")["driver_mismatch"] is True  # a GPU reset: no
+    assert cli("inject", "--node", "n3", "--clear").exit_code == 0
+    assert "driver_mismatch" not in load_state(tmp_path / "sim", "n3")
+    assert "DRIVER MISMATCH" not in cli("show", "--node", "n3").output
+
+
+def test_cli_refuses_a_driver_mismatch_on_a_gpu_or_with_a_clear(cli):
+    on_gpu = cli("inject", "--node", "n3", "--gpu", "0", "--driver-mismatch")
+    assert on_gpu.exit_code == 2 and "leave out --gpu" in on_gpu.output
+    both = cli("inject", "--node", "n3", "--driver-mismatch", "--clear")
+    assert both.exit_code == 2 and "separate command" in both.output
+    assert "--driver-mismatch" in cli("inject", "--help").output

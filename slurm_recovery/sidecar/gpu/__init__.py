@@ -9,13 +9,15 @@ NVIDIA driver; the simulated backend stands in for it on GPU-less machines.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from slurm_recovery.sidecar.base import GPU_CHECKS, SEVERITIES, Finding
 from slurm_recovery.signals.xid import normalize_pci_bus_id
 
 __all__ = [
+    "DRIVER_MISMATCH",
+    "DriverMismatch",
     "GpuBackend",
     "GpuInfo",
     "gpu_finding",
@@ -99,3 +101,57 @@ def inventory_finding(gpus: Iterable[GpuInfo], expected: int, now: float) -> Fin
     return Finding(
         kind="gpu_inventory", observed_at=now, payload={"gpus": listed, "expected": expected}
     )
+
+
+#: The node's check when the host's NVIDIA libraries and the loaded kernel module differ.
+DRIVER_MISMATCH = "driver_version_mismatch"
+
+
+@dataclass
+class DriverMismatch:
+    """The node's ``driver_version_mismatch`` condition as every backend reports it (NVML when
+    its own ``nvmlInit`` answers LIB_RM_VERSION_MISMATCH, the simulated backend when it is
+    injected): the one place that knows the check, its severity (fatal, of
+    :data:`~slurm_recovery.sidecar.base.GPU_CHECKS`), its words and its rhythm.
+
+    :meth:`holds` while the condition holds returns the fatal finding of the node (no GPU) the
+    first time and again every ``repeat_after`` seconds (the condition lasts until a reboot:
+    a job failing hours later still has one in its evidence window), None in between;
+    :meth:`ended` returns the ``cleared`` finding (severity info) once, if one was reported.
+    """
+
+    repeat_after: float = 300.0
+    detail: str = ""
+    _last: float | None = field(default=None, repr=False)
+
+    @property
+    def reported(self) -> bool:
+        return self._last is not None
+
+    def holds(self, now: float, cause: str, **extra: Any) -> Finding | None:
+        """``cause``: what failed and how (``nvmlInit failed: NVMLError_LibRmVersionMismatch:
+        ...``); ``extra`` goes into the payload (``call``, ``origin``)."""
+        if self._last is not None and 0 <= now - self._last < self.repeat_after:
+            return None
+        self._last = now
+        self.detail = (
+            f"{cause}: this node's NVIDIA driver libraries and its loaded kernel module are "
+            "different versions (a driver upgraded without a reboot); no new GPU process can "
+            "start here until the node is rebooted"
+        )
+        return gpu_finding(DRIVER_MISMATCH, now, None, self.detail, **extra)
+
+    def ended(self, now: float, **extra: Any) -> Finding | None:
+        """The condition is gone (``nvmlInit`` succeeded): ``cleared``, if it was reported."""
+        if self._last is None:
+            return None
+        self._last = None
+        return gpu_finding(
+            DRIVER_MISMATCH,
+            now,
+            None,
+            f"cleared: {self.detail}",
+            severity="info",
+            cleared=True,
+            **extra,
+        )

@@ -16,7 +16,9 @@ permanent, a job's failure hours later still has one in its evidence window) and
 by the first ``nvmlInit`` that succeeds (retried every poll). Nothing else becomes it: a hung
 ``nvmlInit``, pynvml missing, ``NVML_ERROR_DRIVER_NOT_LOADED`` (9: this process sees no
 module, which the unit's sandbox, a module not loaded yet at boot, or a driver being
-reinstalled also give) and every other code stay ``nvml_error`` warnings.
+reinstalled also give) and every other code stay ``nvml_error`` warnings. The finding is made
+by :class:`~slurm_recovery.sidecar.gpu.DriverMismatch`, which the simulated backend shares
+(``srecovery sim inject --driver-mismatch``): the path beyond this module runs on any host.
 
 This path runs for real only on a host with an NVIDIA GPU and driver, never in CI (no GPU):
 the version mismatch above too, which needs a driver upgraded under a loaded module. Here it
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_recovery.sidecar.base import Finding
-from slurm_recovery.sidecar.gpu import GpuInfo, gpu_finding, inventory_finding
+from slurm_recovery.sidecar.gpu import DriverMismatch, GpuInfo, gpu_finding, inventory_finding
 
 __all__ = ["NvmlBackend"]
 
@@ -49,9 +51,6 @@ _ERR_FUNCTION_NOT_FOUND = 13
 _ERR_GPU_IS_LOST = 15
 _ERR_LIB_RM_VERSION_MISMATCH = 18
 _ERR_NO_DATA = 21
-
-#: The node-level check of a host library / kernel module version mismatch (see above).
-_MISMATCH = "driver_version_mismatch"
 
 _REASON_HW_SLOWDOWN = 0x08
 _REASON_SW_THERMAL = 0x20
@@ -215,6 +214,7 @@ class NvmlBackend:
         #: findings made outside ``poll`` (by ``inventory``), returned by the next poll
         self._backlog: list[Finding] = []
         self._now = 0.0
+        self._mismatch = DriverMismatch(repeat_after)
 
     # ------------------------------------------------------------------ GpuBackend
 
@@ -430,8 +430,9 @@ class NvmlBackend:
         self._initialized = True
         self._problem = None
         self._error_cleared(None, "init", "nvmlInit")
-        self._last_report.pop((None, _MISMATCH), None)
-        self._condition(None, _MISMATCH, False, now, "")  # cleared, if it was reported
+        cleared = self._mismatch.ended(now)
+        if cleared is not None:
+            self._out.append(cleared)
         self._enumerate(now)
 
     def _fail_start(self, now: float, text: str) -> None:
@@ -445,19 +446,9 @@ class NvmlBackend:
         LIB_RM_VERSION_MISMATCH): a fatal finding of the node, again every ``repeat_after``
         while it holds, so that every failure on the node has one in its evidence window."""
         self._problem = text
-        key = (None, _MISMATCH)
-        state = self._conditions.setdefault(key, _Condition())
-        last = self._last_report.get(key)
-        if state.reported and last is not None and 0 <= now - last < self._repeat_after:
-            return
-        detail = (
-            f"{text}: this node's NVIDIA driver libraries and its loaded kernel module are "
-            "different versions (a driver upgraded without a reboot); no new GPU process can "
-            "start here until the node is rebooted"
-        )
-        state.polls, state.reported, state.level, state.detail = 1, True, 1, detail
-        self._last_report[key] = now
-        self._out.append(gpu_finding(_MISMATCH, now, None, detail, call="nvmlInit"))
+        found = self._mismatch.holds(now, text, call="nvmlInit")
+        if found is not None:
+            self._out.append(found)
 
     def _enumerate(self, now: float) -> None:
         count = self._get(None, "count", "nvmlDeviceGetCount")
