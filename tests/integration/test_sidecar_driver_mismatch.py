@@ -42,7 +42,7 @@ def only_on(node: str) -> tuple[str, str]:
 def open_checks(slurm, node: str) -> set[str]:
     """The checks of the findings the controller holds open on ``node``."""
     found = slurm.api.get(f"/v1/nodes/{node}")["findings"]
-    return {str((f.get("payload") or {}).get("check")) for f in found}
+    return {f["check"] for f in found}
 
 
 def failing_job(slurm, tmp_path, node: str) -> int:
@@ -87,6 +87,7 @@ def test_the_sidecars_mismatch_moves_a_failed_job_and_leaves_a_running_one(stack
     plain = first_advice(slurm, elsewhere)
     assert plain["action"] == "requeue" and plain["exclude"] == [], plain
     assert plain["verdict"]["nodes"] == [], plain["verdict"]
+    assert "nvml.version_mismatch" in plain["reason"], plain["reason"]  # the line was read
 
     # the job that was running when the driver changed under it is left alone
     wait_passes(stack.url, 3)
@@ -116,5 +117,5 @@ def test_the_sidecars_mismatch_moves_a_failed_job_and_leaves_a_running_one(stack
     advice = first_advice(slurm, later)
     assert advice["exclude"] == [] and advice["verdict"]["nodes"] == [], advice
     assert advice["action"] == "requeue", advice
-    assert CHECK not in advice["reason"], advice["reason"]
+    assert CHECK not in advice["reason"] and "nvml.version_mismatch" in advice["reason"], advice
     assert slurm.scheduler.get_job(running).state == "RUNNING"
