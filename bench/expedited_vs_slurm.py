@@ -52,7 +52,6 @@ import random
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -68,6 +67,7 @@ from support import (
     hang_training_script,
     job_incidents,
     quantiles,
+    run_directory,
     wait,
 )
 
@@ -138,8 +138,7 @@ class Bench:
         self.client = ControllerClient(
             self.stack.url, munge_socket=str(self.stack.cluster.munge_socket)
         )
-        self.work = Path(tempfile.mkdtemp(prefix="srecovery-bench-expedite-"))
-        self.work.chmod(0o755)
+        self.work = run_directory("expedite")
         (self.work / "step.sh").write_text(STEP_JOB)
         (self.work / "hang.sh").write_text(hang_training_script(12, stamp_dir=self.work))
         (self.work / "app_bug.py").write_text(APP_BUG)

@@ -70,7 +70,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,6 +88,7 @@ from support import (
     job_incidents,
     milestone_times,
     quantiles,
+    run_directory,
     wait,
 )
 
@@ -467,8 +467,7 @@ def run_ours(args: argparse.Namespace, trials: int) -> dict[str, list[dict[str, 
         api_port=args.api_port,
         policy_extra=HANG_POLICY,
     )
-    work = Path(tempfile.mkdtemp(prefix="srecovery-bench-latency-"))
-    work.chmod(0o755)
+    work = run_directory("latency-work", keep=args.keep)
     (work / "step.sh").write_text(STEP_JOB)
     (work / "hang.sh").write_text(hang_training_script(args.hang_steps, stamp_dir=work))
     (work / "app_bug.py").write_text(APP_BUG)
@@ -527,8 +526,7 @@ def run_baseline(args: argparse.Namespace) -> list[dict[str, Any]]:
             "2-node jobs (each needs 2 nodes, then 2 others once one of its own is down)"
         )
     args.baseline_base.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="srecovery-bench-baseline-"))
-    work.chmod(0o755)
+    work = run_directory("baseline-work", keep=args.keep)
     (work / "step.sh").write_text(STEP_JOB)
     rows: list[dict[str, Any]] = []
     try:
@@ -790,8 +788,7 @@ def main() -> int:
     args = parser.parse_args()
     fill_stack_options(args, "latency")
     if args.baseline_base is None:
-        args.baseline_base = Path(tempfile.mkdtemp(prefix="srecovery-bench-baseline-"))
-        args.baseline_base.chmod(0o755)
+        args.baseline_base = run_directory("baseline", keep=args.keep)
     if args.baseline_port_base is None:
         args.baseline_port_base = localcluster.free_port_block(
             args.baseline_nodes + 1, start=args.api_port + 1

@@ -5,6 +5,9 @@ place (directory, ports) for each run's stack."""
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -91,20 +94,36 @@ def hang_overshoot(story: dict[str, Any]) -> float:
     return m["detected"] - m["failure"]
 
 
+#: Set (to anything) to keep a run's own base directory (its logs, store and cluster files).
+KEEP_ENV = "SRECOVERY_BENCH_KEEP"
+
+
 def add_stack_options(parser: argparse.ArgumentParser, *, api_port: bool = True) -> None:
     """--base, --port-base (and --api-port): unset, each run gets a new base directory and free
-    ports, as the tests do, so runs on different Slurm releases never share state."""
+    ports, as the tests do, so runs on different Slurm releases never share state. A base
+    directory the run made itself is removed when it exits (a few MB each, and nothing else
+    removes them), unless ``$SRECOVERY_BENCH_KEEP`` is set; one given with --base is kept."""
     parser.add_argument("--base", type=Path, help="stack directory (default: a new one)")
     parser.add_argument("--port-base", type=int, help="slurmctld's port (default: free ports)")
     if api_port:
         parser.add_argument("--api-port", type=int, help="controller port (default: a free one)")
 
 
+def run_directory(name: str, *, keep: bool = False) -> Path:
+    """A new directory /tmp/srecovery-bench-NAME-*, readable by munged (user munge must reach
+    its socket inside), removed when the run exits (after the stacks' own teardown, in their
+    ``finally`` blocks, stopped what ran in it) unless ``keep`` or ``$SRECOVERY_BENCH_KEEP``."""
+    path = Path(tempfile.mkdtemp(prefix=f"srecovery-bench-{name}-"))
+    path.chmod(0o755)
+    if not keep and not os.environ.get(KEEP_ENV):
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def fill_stack_options(args: argparse.Namespace, name: str, ports: int = 80) -> None:
     """Fill what :func:`add_stack_options` left unset."""
     if args.base is None:
-        args.base = Path(tempfile.mkdtemp(prefix=f"srecovery-bench-{name}-"))
-        args.base.chmod(0o755)  # munged (user munge) must reach its socket inside
+        args.base = run_directory(name, keep=getattr(args, "keep", False))
     if args.port_base is None:
         args.port_base = localcluster.free_port_block(ports)
     if getattr(args, "api_port", 0) is None:
