@@ -16,6 +16,7 @@ import pytest
 
 from slurm_recovery.sidecar.base import GPU_CHECKS, Finding
 from slurm_recovery.sidecar.gpu import GpuBackend, GpuInfo, pci_index
+from slurm_recovery.sidecar.gpu.driver import DriverFiles
 from slurm_recovery.sidecar.gpu.nvml import NvmlBackend
 
 
@@ -40,6 +41,19 @@ def two_gpus() -> list:
             uuid="GPU-bbbbbbbb-0000-0000-0000-000000000001", pci_bus_id="00000000:86:00.0"
         ),
     ]
+
+
+@pytest.fixture(autouse=True)
+def no_host_driver_files(monkeypatch, tmp_path):
+    """Backends made without ``driver_files`` read none of this host's driver files."""
+    from slurm_recovery.sidecar.gpu import nvml as nvml_module
+
+    absent = str(tmp_path / "no-driver")
+    monkeypatch.setattr(
+        nvml_module,
+        "DriverFiles",
+        lambda: DriverFiles(proc_version=absent, library_dirs=(), maps=None),
+    )
 
 
 @pytest.fixture
@@ -642,5 +656,150 @@ def test_a_hung_init_or_a_missing_pynvml_is_never_the_mismatch(world, monkeypatc
     b = NvmlBackend(expected_gpus=2, timeout=0.5)
     try:
         assert checks(b.poll(1.0)) == [("nvml_error", None, "warning")]
+    finally:
+        b.close()
+
+
+# ------------------------------------------------------------------ the versions in the files
+
+
+MODULE_LINE = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {}  Release Build  (b@h)\n"
+
+
+class _Host:
+    """The node's driver files: the loaded module's version line and the libnvidia-ml.so.1
+    link a new process would follow, changed as a driver upgrade and a reboot change them."""
+
+    def __init__(self, root: Path, module: str | None, library: str | None) -> None:
+        self.proc = root / "version"
+        self.lib = root / "lib"
+        self.lib.mkdir()
+        self.files = DriverFiles(
+            proc_version=str(self.proc), library_dirs=(str(self.lib),), maps=None
+        )
+        self.set(module, library)
+
+    def set(self, module: str | None, library: str | None) -> None:
+        if module is None:
+            self.proc.unlink(missing_ok=True)
+        else:
+            self.proc.write_text(MODULE_LINE.format(module) + "GCC version:  gcc 12.3.0\n")
+        link = self.lib / "libnvidia-ml.so.1"
+        link.unlink(missing_ok=True)
+        if library is not None:
+            (self.lib / f"libnvidia-ml.so.{library}").write_bytes(b"\x7fELF")
+            link.symlink_to(f"libnvidia-ml.so.{library}")
+
+
+def mismatch_findings(found: list[Finding]) -> list[tuple[str, bool]]:
+    return [
+        (f.payload["severity"], bool(f.payload.get("cleared")))
+        for f in found
+        if f.kind == "gpu_finding" and f.payload["check"] == "driver_version_mismatch"
+    ]
+
+
+def test_a_running_backend_sees_the_upgrade_in_the_files_reports_repeats_and_clears(
+    tmp_path, world
+):
+    host = _Host(tmp_path, "550.54.15", "550.54.15")
+    b = NvmlBackend(expected_gpus=2, timeout=0.5, repeat_after=300.0, driver_files=host.files)
+    try:
+        now = settle(b)  # agreeing versions: the inventory only
+        assert b.poll(now) == []
+        # the package upgraded under the running sidecar: NVML itself still answers
+        host.set("550.54.15", "555.42.02")
+        found = b.poll(now + 10)
+        assert checks(found) == [("driver_version_mismatch", None, "fatal")]
+        payload = found[0].payload
+        assert payload["call"] == "driver_files"
+        assert (payload["module_version"], payload["library_version"]) == (
+            "550.54.15",
+            "555.42.02",
+        )
+        detail = payload["detail"]
+        for part in ("550.54.15", "555.42.02", str(host.proc), str(host.lib), "rebooted"):
+            assert part in detail
+        assert not b.degraded and b.status() == "ok"  # NVML works: only new processes fail
+        assert b.poll(now + 20) == [] and b.poll(now + 300) == []  # once per repeat_after
+        assert checks(b.poll(now + 310)) == [("driver_version_mismatch", None, "fatal")]
+        # GPU findings go on meanwhile
+        world.gpus[0].volatile_dbe = 1
+        assert checks(b.poll(now + 320)) == [("ecc_dbe", 0, "fatal")]
+        world.gpus[0].volatile_dbe = 0
+        assert checks(b.poll(now + 330)) == [("ecc_dbe", 0, "info")]
+        # the module reloaded (or the node rebooted into the new one): cleared, once
+        host.set("555.42.02", "555.42.02")
+        found = b.poll(now + 340)
+        assert mismatch_findings(found) == [("info", True)]
+        assert found[-1].payload["call"] == "driver_files"
+        assert mismatch_findings(b.poll(now + 350)) == []
+        assert mismatch_findings(b.poll(now + 1000)) == []
+    finally:
+        b.close()
+
+
+def test_unreadable_files_are_never_the_mismatch_nor_its_end(tmp_path, world):
+    host = _Host(tmp_path, "550.54.15", "550.54.15")
+    b = NvmlBackend(expected_gpus=2, timeout=0.5, repeat_after=300.0, driver_files=host.files)
+    try:
+        now = settle(b)
+        for module, library in (
+            (None, "555.42.02"),  # no /proc/driver/nvidia (a container, no driver)
+            ("550.54.15", None),  # no library found
+            ("TempVersion", "555.42.02"),  # a line with no number
+        ):
+            host.set(module, library)
+            assert mismatch_findings(b.poll(now)) == [], (module, library)
+            now += 10
+        host.set("550.54.15", "555.42.02")
+        assert mismatch_findings(b.poll(now)) == [("fatal", False)]
+        host.set(None, None)  # unknown while it holds: neither repeated nor cleared
+        assert mismatch_findings(b.poll(now + 10) + b.poll(now + 400)) == []
+        host.set("550.54.15", "555.42.02")
+        assert mismatch_findings(b.poll(now + 410)) == [("fatal", False)]
+    finally:
+        b.close()
+
+
+def test_the_files_are_read_while_nvml_is_missing_or_hangs(tmp_path, world, monkeypatch):
+    host = _Host(tmp_path, "550.54.15", "555.42.02")
+    release = threading.Event()
+    world.hang["nvmlInit"] = release
+    b = NvmlBackend(expected_gpus=2, timeout=0.3, driver_files=host.files)
+    try:
+        found = b.poll(1.0)
+        assert ("nvml_error", None, "warning") in checks(found)
+        assert mismatch_findings(found) == [("fatal", False)]
+    finally:
+        release.set()
+        b.close()
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    b = NvmlBackend(expected_gpus=2, timeout=0.5, driver_files=host.files)
+    try:
+        assert checks(b.poll(1.0)) == [
+            ("nvml_error", None, "warning"),
+            ("driver_version_mismatch", None, "fatal"),
+        ]
+    finally:
+        b.close()
+
+
+def test_nvmlInits_own_mismatch_is_said_once_and_only_its_success_ends_it(tmp_path, world):
+    # a sidecar started after the upgrade: its nvmlInit fails, and the files say the same
+    host = _Host(tmp_path, "550.54.15", "555.42.02")
+    world.init_error = 18
+    b = NvmlBackend(expected_gpus=2, timeout=0.5, driver_files=host.files)
+    try:
+        found = b.poll(1000.0)
+        assert mismatch_findings(found) == [("fatal", False)]
+        assert found[0].payload["call"] == "nvmlInit"  # NVML's own word first
+        assert b.poll(1010.0) == []
+        host.set("555.42.02", "555.42.02")  # the files agree, nvmlInit still fails: held
+        assert b.poll(1020.0) == []
+        world.init_error = None  # the module reloaded: nvmlInit succeeds and ends it
+        found = b.poll(1030.0)
+        assert mismatch_findings(found) == [("info", True)]
+        assert b.poll(1040.0) == []
     finally:
         b.close()

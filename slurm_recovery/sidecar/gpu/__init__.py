@@ -110,8 +110,10 @@ DRIVER_MISMATCH = "driver_version_mismatch"
 @dataclass
 class DriverMismatch:
     """The node's ``driver_version_mismatch`` condition as every backend reports it (NVML when
-    its own ``nvmlInit`` answers LIB_RM_VERSION_MISMATCH, the simulated backend when it is
-    injected): the one place that knows the check, its severity (fatal, of
+    its own ``nvmlInit`` answers LIB_RM_VERSION_MISMATCH or the driver's files show the loaded
+    module and the library a new process would load at different versions,
+    :mod:`~slurm_recovery.sidecar.gpu.driver`; the simulated backend when it is injected): the
+    one place that knows the check, its severity (fatal, of
     :data:`~slurm_recovery.sidecar.base.GPU_CHECKS`), its words and its rhythm.
 
     :meth:`holds` while the condition holds returns the fatal finding of the node (no GPU) the

@@ -20,9 +20,24 @@ reinstalled also give) and every other code stay ``nvml_error`` warnings. The fi
 by :class:`~slurm_recovery.sidecar.gpu.DriverMismatch`, which the simulated backend shares
 (``srecovery sim inject --driver-mismatch``): the path beyond this module runs on any host.
 
+A sidecar already running when the driver package is upgraded keeps the libnvidia-ml it
+loaded, which still matches the old loaded module: its NVML keeps answering and it would never
+see the mismatch while every new job on the node fails. So every poll also compares, without
+NVML, the loaded module's version (``/proc/driver/nvidia/version``'s first line) with the
+version of the library a new process would load (the file ``libnvidia-ml.so.1`` resolves to,
+in the directory this process loaded it from, else the distributions' library directories):
+:mod:`~slurm_recovery.sidecar.gpu.driver`, two small reads and a realpath, no process spawned.
+Differing: the same fatal finding (``call: "driver_files"``, both versions and paths in its
+detail), again every ``repeat_after``; agreeing again (the module reloaded, the node
+rebooted): ``cleared``. Either unreadable or unparseable (no driver, a container without
+``/proc/driver/nvidia``, no library found, Tegra's ``TempVersion``): nothing, a debug log
+(fail open). A mismatch ``nvmlInit`` reported is ended only by an ``nvmlInit`` that succeeds,
+and one the files reported only by the files agreeing.
+
 This path runs for real only on a host with an NVIDIA GPU and driver, never in CI (no GPU):
-the version mismatch above too, which needs a driver upgraded under a loaded module. Here it
-is covered by
+the version mismatch above too, both ways of seeing it, which need a driver upgraded under a
+loaded module. Here it is covered by ``tests/unit/test_driver_versions.py`` (the files, in a
+temp directory) and by
 ``tests/unit/test_nvml_backend.py`` against a recorded fake of nvidia-ml-py
 (``tests/unit/nvml_model/fake_pynvml.py``: the names and value shapes of nvidia-ml-py
 13.615.71); ``tests/gpu/run.sh`` runs ``tests/gpu/`` against the real NVML on any GPU host.
@@ -31,6 +46,7 @@ is covered by
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -40,8 +56,11 @@ from typing import Any
 
 from slurm_recovery.sidecar.base import Finding
 from slurm_recovery.sidecar.gpu import DriverMismatch, GpuInfo, gpu_finding, inventory_finding
+from slurm_recovery.sidecar.gpu.driver import DriverFiles
 
 __all__ = ["NvmlBackend"]
+
+log = logging.getLogger(__name__)
 
 # nvidia-ml-py's constants, with their values as fallbacks for older releases.
 _ERR_NOT_SUPPORTED = 3
@@ -155,7 +174,8 @@ class NvmlBackend:
     Thresholds are per poll interval. Findings are edge-triggered: a condition is reported
     when it starts (after ``debounce`` consecutive polls for throttling, NVLink down and
     PCIe downgrade) and again only after it cleared; :meth:`telemetry` shows what holds now.
-    ``nvml``: the module to use instead of ``import pynvml`` (tests).
+    ``nvml``: the module to use instead of ``import pynvml`` (tests). ``driver_files``: where
+    the driver's versions are read every poll (tests; the host's files by default).
     """
 
     name = "nvml"
@@ -173,6 +193,7 @@ class NvmlBackend:
         busy_utilization: int = 10,
         debounce: int = 2,
         repeat_after: float = 300.0,
+        driver_files: DriverFiles | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be more than 0 seconds")
@@ -215,6 +236,11 @@ class NvmlBackend:
         self._backlog: list[Finding] = []
         self._now = 0.0
         self._mismatch = DriverMismatch(repeat_after)
+        #: who reported the mismatch that holds: "nvmlInit" (only a successful nvmlInit ends
+        #: it) or "files" (the versions agreeing again end it); None: none holds
+        self._mismatch_by: str | None = None
+        self._driver_files = driver_files if driver_files is not None else DriverFiles()
+        self._driver_files_unknown: str | None = None
 
     # ------------------------------------------------------------------ GpuBackend
 
@@ -254,26 +280,28 @@ class NvmlBackend:
         with self._lock:
             self._out, self._backlog = self._backlog, []
             self._now = now
-            try:
-                if self._blocked(now):
-                    return self._out
-                if not self._initialized:
-                    self._start(now)
-                    if not self._initialized:
-                        return self._out
-                else:
-                    self._check_count(now)
-                for gpu in sorted(self._gpus.values(), key=lambda g: g.info.index):
-                    if gpu.lost:
-                        continue
-                    try:
-                        self._poll_gpu(gpu, now)
-                    except _GpuLost as lost:
-                        self._lose(gpu, now, f"NVML reports GPU {gpu.info.index} is lost ({lost})")
-                self._nvlink_verdicts(now)
-            except _Hung:
-                pass
+            with contextlib.suppress(_Hung):  # reported as an nvml_error finding
+                self._poll_nvml(now)
+            self._driver_files_check(now)
             return self._out
+
+    def _poll_nvml(self, now: float) -> None:
+        if self._blocked(now):
+            return
+        if not self._initialized:
+            self._start(now)
+            if not self._initialized:
+                return
+        else:
+            self._check_count(now)
+        for gpu in sorted(self._gpus.values(), key=lambda g: g.info.index):
+            if gpu.lost:
+                continue
+            try:
+                self._poll_gpu(gpu, now)
+            except _GpuLost as lost:
+                self._lose(gpu, now, f"NVML reports GPU {gpu.info.index} is lost ({lost})")
+        self._nvlink_verdicts(now)
 
     def close(self) -> None:
         """Shut NVML down (unless a call hangs) and stop the worker thread."""
@@ -430,9 +458,11 @@ class NvmlBackend:
         self._initialized = True
         self._problem = None
         self._error_cleared(None, "init", "nvmlInit")
-        cleared = self._mismatch.ended(now)
-        if cleared is not None:
-            self._out.append(cleared)
+        if self._mismatch_by != "files":  # this process's library matches: not the files' word
+            self._mismatch_by = None
+            cleared = self._mismatch.ended(now)
+            if cleared is not None:
+                self._out.append(cleared)
         self._enumerate(now)
 
     def _fail_start(self, now: float, text: str) -> None:
@@ -446,9 +476,51 @@ class NvmlBackend:
         LIB_RM_VERSION_MISMATCH): a fatal finding of the node, again every ``repeat_after``
         while it holds, so that every failure on the node has one in its evidence window."""
         self._problem = text
+        self._mismatch_by = "nvmlInit"
         found = self._mismatch.holds(now, text, call="nvmlInit")
         if found is not None:
             self._out.append(found)
+
+    def _driver_files_check(self, now: float) -> None:
+        """The loaded kernel module's version against the libnvidia-ml a new process would
+        load (:mod:`~slurm_recovery.sidecar.gpu.driver`), every poll, without NVML: a sidecar
+        started before the driver package was upgraded keeps the old library, which still
+        matches the old module, and its own ``nvmlInit`` never says so. Differing: the same
+        fatal finding as ``nvmlInit``'s, again every ``repeat_after``; agreeing again: its
+        ``cleared``; either unknown: nothing (a debug log). A mismatch ``nvmlInit`` reported
+        is left to ``nvmlInit`` (retried every poll until it succeeds)."""
+        if self._mismatch_by == "nvmlInit":
+            return
+        try:
+            versions = self._driver_files.read()
+        except Exception as exc:  # read() never raises; a poll never does either
+            versions = None
+            reason = f"reading the driver's versions failed: {exc!r}"
+        else:
+            reason = versions.unknown() if versions.differ is None else None
+        if versions is None or versions.differ is None:
+            if reason != self._driver_files_unknown:
+                self._driver_files_unknown = reason
+                log.debug("driver version check skipped: %s", reason)
+            return
+        self._driver_files_unknown = None
+        if versions.differ:
+            self._mismatch_by = "files"
+            found = self._mismatch.holds(
+                now,
+                versions.cause(),
+                call="driver_files",
+                module_version=versions.module,
+                library_version=versions.library,
+                library_path=versions.library_path,
+            )
+            if found is not None:
+                self._out.append(found)
+        elif self._mismatch_by == "files":
+            self._mismatch_by = None
+            cleared = self._mismatch.ended(now, call="driver_files")
+            if cleared is not None:
+                self._out.append(cleared)
 
     def _enumerate(self, now: float) -> None:
         count = self._get(None, "count", "nvmlDeviceGetCount")
