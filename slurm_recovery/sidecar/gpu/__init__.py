@@ -120,10 +120,13 @@ class DriverMismatch:
     first time and again every ``repeat_after`` seconds (the condition lasts until a reboot:
     a job failing hours later still has one in its evidence window), None in between;
     :meth:`ended` returns the ``cleared`` finding (severity info) once, if one was reported.
+    :attr:`by` is the ``call`` that last said it holds (``nvmlInit``, ``driver_files``), so a
+    backend with two ways of seeing it ends it only by the way that reported it.
     """
 
     repeat_after: float = 300.0
     detail: str = ""
+    by: str | None = None
     _last: float | None = field(default=None, repr=False)
 
     @property
@@ -133,6 +136,7 @@ class DriverMismatch:
     def holds(self, now: float, cause: str, **extra: Any) -> Finding | None:
         """``cause``: what failed and how (``nvmlInit failed: NVMLError_LibRmVersionMismatch:
         ...``); ``extra`` goes into the payload (``call``, ``origin``)."""
+        self.by = extra.get("call")
         if self._last is not None and 0 <= now - self._last < self.repeat_after:
             return None
         self._last = now
@@ -143,11 +147,13 @@ class DriverMismatch:
         )
         return gpu_finding(DRIVER_MISMATCH, now, None, self.detail, **extra)
 
-    def ended(self, now: float, **extra: Any) -> Finding | None:
-        """The condition is gone (``nvmlInit`` succeeded): ``cleared``, if it was reported."""
-        if self._last is None:
+    def ended(self, now: float, *, reported_by: str | None = None, **extra: Any) -> Finding | None:
+        """The condition is gone (``nvmlInit`` succeeded, the versions agree): ``cleared``, if
+        it was reported (and, given ``reported_by``, if that call is what reported it)."""
+        if self._last is None or (reported_by is not None and self.by != reported_by):
             return None
         self._last = None
+        self.by = None
         return gpu_finding(
             DRIVER_MISMATCH,
             now,

@@ -235,10 +235,9 @@ class NvmlBackend:
         #: findings made outside ``poll`` (by ``inventory``), returned by the next poll
         self._backlog: list[Finding] = []
         self._now = 0.0
+        #: by "nvmlInit" only a successful nvmlInit ends it, by "driver_files" only the
+        #: versions agreeing again (DriverMismatch.by)
         self._mismatch = DriverMismatch(repeat_after)
-        #: who reported the mismatch that holds: "nvmlInit" (only a successful nvmlInit ends
-        #: it) or "files" (the versions agreeing again end it); None: none holds
-        self._mismatch_by: str | None = None
         self._driver_files = driver_files if driver_files is not None else DriverFiles()
         self._driver_files_unknown: str | None = None
 
@@ -458,11 +457,10 @@ class NvmlBackend:
         self._initialized = True
         self._problem = None
         self._error_cleared(None, "init", "nvmlInit")
-        if self._mismatch_by != "files":  # this process's library matches: not the files' word
-            self._mismatch_by = None
-            cleared = self._mismatch.ended(now)
-            if cleared is not None:
-                self._out.append(cleared)
+        # this process's library matches the module: not the files' word on a new process's
+        cleared = self._mismatch.ended(now, reported_by="nvmlInit")
+        if cleared is not None:
+            self._out.append(cleared)
         self._enumerate(now)
 
     def _fail_start(self, now: float, text: str) -> None:
@@ -476,7 +474,6 @@ class NvmlBackend:
         LIB_RM_VERSION_MISMATCH): a fatal finding of the node, again every ``repeat_after``
         while it holds, so that every failure on the node has one in its evidence window."""
         self._problem = text
-        self._mismatch_by = "nvmlInit"
         found = self._mismatch.holds(now, text, call="nvmlInit")
         if found is not None:
             self._out.append(found)
@@ -489,7 +486,7 @@ class NvmlBackend:
         fatal finding as ``nvmlInit``'s, again every ``repeat_after``; agreeing again: its
         ``cleared``; either unknown: nothing (a debug log). A mismatch ``nvmlInit`` reported
         is left to ``nvmlInit`` (retried every poll until it succeeds)."""
-        if self._mismatch_by == "nvmlInit":
+        if self._mismatch.by == "nvmlInit":
             return
         try:
             versions = self._driver_files.read()
@@ -505,7 +502,6 @@ class NvmlBackend:
             return
         self._driver_files_unknown = None
         if versions.differ:
-            self._mismatch_by = "files"
             found = self._mismatch.holds(
                 now,
                 versions.cause(),
@@ -516,9 +512,8 @@ class NvmlBackend:
             )
             if found is not None:
                 self._out.append(found)
-        elif self._mismatch_by == "files":
-            self._mismatch_by = None
-            cleared = self._mismatch.ended(now, call="driver_files")
+        else:
+            cleared = self._mismatch.ended(now, reported_by="driver_files", call="driver_files")
             if cleared is not None:
                 self._out.append(cleared)
 
