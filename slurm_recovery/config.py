@@ -594,6 +594,15 @@ class SidecarConfig(_Section):
             "when nothing else is sent; the controller's missing_report_grace counts in these."
         ),
     ] = PositiveDuration.check(60)
+    full_status_interval: Annotated[
+        Duration,
+        msgspec.Meta(
+            description="The longest time between two full statuses (with the GPU readings "
+            "srecovery nodes shows). Between them a status whose condition has not changed "
+            "goes as a heartbeat of 100 bytes that the controller answers without parsing or "
+            "storing anything. 0: every status in full."
+        ),
+    ] = Duration.check(300)
     spool_dir: Annotated[
         NodePath,
         msgspec.Meta(

@@ -497,7 +497,8 @@ def render_node(node: Mapping[str, Any], *, bullet: str = "*") -> list[str]:
         line = (
             f"     Sidecar: last report {common.when(sidecar.get('last_report'))}; unchanged "
             f"since {common.when(sidecar.get('last_change'))} "
-            f"({sidecar.get('reports_since_change')} report(s))"
+            f"({sidecar.get('reports_since_change')} report(s)); readings of "
+            f"{common.when(sidecar.get('readings_at'))}"
         )
         problems = sidecar.get("problems") or {}
         line += "; " + (

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from typing import Any
 
-from slurm_recovery.contract import munge, requests, sessions
+from slurm_recovery.contract import munge, requests, sessions, status
 
 log = logging.getLogger(__name__)
 
@@ -333,3 +333,9 @@ class ControllerClient:
     ) -> Any:
         body = json.dumps({"events": list(events)}, separators=(",", ":")).encode()
         return self.request("POST", "/v1/evidence", body, role=role, node=node)
+
+    def post_heartbeat(self, node: str, digest: str) -> Any:
+        """A sidecar's "nothing changed since the status you hold" (contract.status): the
+        controller's answer, ``{"status": "held"}`` or ``{"status": "wanted"}``."""
+        body = status.heartbeat_body(node, digest)
+        return self.request("POST", status.HEARTBEAT_PATH, body, role="sidecar", node=node)

@@ -51,6 +51,11 @@ EVENT_KINDS: Mapping[str, str] = {
 }
 
 
+def node_name_ok(name: str) -> bool:
+    """Whether ``name`` is a node name the wire accepts (Slurm's characters, 1-128 long)."""
+    return _NODE.fullmatch(name) is not None
+
+
 class WireError(ValueError):
     """The request body is not a valid evidence batch; the message says where and why."""
 

@@ -75,6 +75,14 @@ class Metrics:
         self.ingest_events = Counter(
             "srecovery_ingest_events", "Evidence events accepted", registry=r
         )
+        self.heartbeats = Counter(
+            "srecovery_heartbeats",
+            "Sidecar heartbeats answered: held (its report unchanged) or wanted (send it in full)",
+            ["answer"],
+            registry=r,
+        )
+        for answer in ("held", "wanted"):
+            self.heartbeats.labels(answer)
         self.ingest_rejects = Counter(
             "srecovery_ingest_rejects",
             "Requests rejected, by HTTP status",

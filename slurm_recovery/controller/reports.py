@@ -19,20 +19,19 @@ controller was down is still noticed, and one alive is not flagged for the outag
 from __future__ import annotations
 
 import logging
-import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from dataclasses import replace
 from itertools import islice
 from typing import Any
 
+from slurm_recovery.contract.status import STATUS_KIND, condition_digest
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.silence import KIND, SOURCE, jobs_by_node, new_silences
 from slurm_recovery.store import Evidence, NodeReport, Store, StoreError
 
 log = logging.getLogger(__name__)
 
-#: The kind every sidecar sends at least once a ``sidecar.status_interval``.
-STATUS_KIND = "sidecar_status"
 #: How far back the store is read at start (older reports say nothing of a sidecar now).
 SEED_HORIZON = 86400.0
 #: How often the reports of statuses that changed nothing are written to the store, s (and
@@ -50,49 +49,6 @@ FLUSH_INTERVAL = 3600.0
 #: under load): a flush of 10,000 takes 40 turns, and the requests waiting to be stored go
 #: between them (one statement of 10,000 held them back up to 1.2 s at 10,000 nodes).
 FLUSH_CHUNK = 250
-#: Per-GPU readings that say what a GPU is, not how busy or warm it is this minute.
-GPU_CONDITION_KEYS = ("lost", "conditions")
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-
-
-def source_condition(text: object) -> str:
-    """A source's status line as a condition: "ok" for any line that starts so (its counts,
-    "ok, following 3 job(s)", are readings), else the problem with its numbers blanked
-    ("degraded: nvmlDeviceGetCount has not returned for N s")."""
-    line = str(text)
-    if line == "ok" or line.startswith("ok,"):
-        return "ok"
-    return _NUMBER.sub("N", line)
-
-
-def status_condition(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """What a ``sidecar_status`` is judged on for change: which sidecar (version, start), its
-    losses (drops, dead letters, bad spool files), each source ok or what is wrong, the open
-    fatal conditions, whether delivery fails, and which GPUs it sees (lost or with open
-    conditions). Not the readings that move every minute: queue length, delivered counts,
-    temperatures, power, utilization, memory."""
-    delivery = payload.get("delivery")
-    last_error = delivery.get("last_error") if isinstance(delivery, Mapping) else ""
-    sources = payload.get("sources")
-    gpus = payload.get("gpus")
-    condition: dict[str, Any] = {
-        key: payload.get(key)
-        for key in ("version", "started_at", "dropped", "dead_lettered", "spool_bad", "fatal")
-    }
-    condition["sources"] = (
-        {str(name): source_condition(text) for name, text in sources.items()}
-        if isinstance(sources, Mapping)
-        else None
-    )
-    condition["delivery_failing"] = bool(last_error)
-    if isinstance(gpus, Mapping):
-        condition["gpus"] = {
-            str(index): {k: readings[k] for k in GPU_CONDITION_KEYS if k in readings}
-            if isinstance(readings, Mapping)
-            else None
-            for index, readings in gpus.items()
-        }
-    return condition
 
 
 class LastReports:
@@ -113,6 +69,8 @@ class LastReports:
         self._reports: dict[str, NodeReport] = {}
         self._dirty: set[str] = set()
         self._in_flight: dict[str, int] = {}
+        #: node -> condition_digest of its report's condition (computed at its first heartbeat)
+        self._digests: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def seed(self, store: Store, now: float) -> None:
@@ -168,6 +126,28 @@ class LastReports:
             self._dirty.add(node)
             return True
 
+    def beat(self, node: str, digest: str, heard: float) -> bool:
+        """A heartbeat (contract.status): the node is heard; True when ``digest`` is the
+        condition of the report held for it (the report is heard again, its readings kept),
+        False when the sidecar should send its status in full: no report held, another one,
+        or a change of the node still being stored."""
+        with self._lock:
+            if heard > self._heard.get(node, float("-inf")):
+                self._heard[node] = heard
+            current = self._reports.get(node)
+            if current is None or node in self._in_flight:
+                return False
+            held = self._digests.get(node)
+            if held is None:
+                held = self._digests[node] = condition_digest(current.condition)
+            if digest != held:
+                return False
+            self._reports[node] = replace(
+                current, heard_at=max(heard, current.heard_at), reports=current.reports + 1
+            )
+            self._dirty.add(node)
+            return True
+
     def judge(
         self,
         status: Evidence,
@@ -212,6 +192,7 @@ class LastReports:
                     self._in_flight.pop(report.node, None)
                 if committed:
                     self._reports[report.node] = report
+                    self._digests.pop(report.node, None)
                     self._dirty.add(report.node)
 
     def flush(self, store: Store, limit: int | None = None) -> int:

@@ -27,19 +27,20 @@ from slurm_recovery import __version__
 from slurm_recovery.auth import authorize
 from slurm_recovery.config import Config
 from slurm_recovery.contract import hostlist, munge, requests, sessions
+from slurm_recovery.contract.status import (
+    HEARTBEAT_PATH,
+    MAX_HEARTBEAT_BYTES,
+    STATUS_KIND,
+    parse_heartbeat,
+    status_condition,
+)
 from slurm_recovery.contract.wire import WireError, parse_batch
 from slurm_recovery.controller import audit_api, operator_api, read_api, views
 from slurm_recovery.controller.checkpointer import Checkpointer
 from slurm_recovery.controller.loop import Reconciler, StepDone
 from slurm_recovery.controller.metrics import Metrics, ReadAtScrape
 from slurm_recovery.controller.nodelisting import NodeListing
-from slurm_recovery.controller.reports import (
-    FLUSH_CHUNK,
-    FLUSH_INTERVAL,
-    STATUS_KIND,
-    LastReports,
-    status_condition,
-)
+from slurm_recovery.controller.reports import FLUSH_CHUNK, FLUSH_INTERVAL, LastReports
 from slurm_recovery.decide.model import ClusterView
 from slurm_recovery.decide.policy import load_policy
 from slurm_recovery.scheduler import Node, Scheduler, SchedulerError, Unreachable, open_scheduler
@@ -59,6 +60,8 @@ Checked = tuple[requests.Principal, list[Evidence]]
 
 #: The answer to a status that changed nothing (most requests): one event accepted, none stored.
 UNCHANGED_ANSWER = b'{"accepted": 1, "ids": []}'
+#: The answers to a heartbeat (contract.status): the report held, or send the status in full.
+HELD_ANSWER, WANTED_ANSWER = b'{"status": "held"}', b'{"status": "wanted"}'
 
 #: Role assumed for every request when authentication is off (development only).
 INSECURE_ROLE_HEADER = "X-SRecovery-Role"
@@ -467,6 +470,45 @@ class Controller:
         # accepted: every event; ids: those stored as evidence (an unchanged status is not)
         return web.json_response({"accepted": accepted, "ids": ids}, status=202)
 
+    async def post_heartbeat(self, request: web.Request) -> web.Response:
+        """A sidecar says "my condition is still the one you hold" (contract.status): checked
+        and answered on the HTTP thread when signed in a session (an HMAC and a dictionary
+        look-up; a MUNGE credential goes to the ingest thread, as for evidence). Nothing is
+        stored: the node is heard, and its report counts one more."""
+        started = time.monotonic()
+        if (request.content_length or 0) > MAX_HEARTBEAT_BYTES:
+            self.metrics.ingest_rejects.labels("413").inc()
+            return web.json_response(
+                {"error": f"a heartbeat is at most {MAX_HEARTBEAT_BYTES} bytes"}, status=413
+            )
+        body = await request.read()
+        try:
+            if self.insecure or sessions.is_session(request.headers.get("Authorization")):
+                principal = self._principal(request, body)
+            else:
+                principal = await self.ingest.run(self._principal, request, body)
+            node, digest = parse_heartbeat(body)
+            if principal.role != "sidecar":
+                raise requests.AuthError(
+                    403, f"a {principal.role} credential may not send heartbeats: sidecars only"
+                )
+            if not self.insecure:
+                event = {"node": node, "kind": STATUS_KIND}
+                authorize.authorize_evidence(
+                    principal, [event], self.node_addresses, self.operators
+                )
+        except requests.AuthError as err:
+            return self._refuse(err)
+        except WireError as err:
+            self.metrics.ingest_rejects.labels("400").inc()
+            return web.json_response({"error": str(err)}, status=400)
+        held = self.reports.beat(node, digest, time.time())
+        self.metrics.heartbeats.labels("held" if held else "wanted").inc()
+        self.metrics.ingest_latency.observe(time.monotonic() - started)
+        return web.Response(
+            body=HELD_ANSWER if held else WANTED_ANSWER, content_type="application/json"
+        )
+
     def _queue_full(self, length: int | None) -> str:
         """Why a new evidence request of ``length`` bytes (None: not said, so as large as
         allowed) does not fit in the queue for the ingest thread, or "" when it does. The count
@@ -824,6 +866,7 @@ class Controller:
             [
                 web.post("/v1/evidence", self.post_evidence),
                 web.post("/v1/session", self.post_session),
+                web.post(HEARTBEAT_PATH, self.post_heartbeat),
                 web.get("/v1/audit", self.get_audit),
                 web.get("/healthz", self.healthz),
                 web.get("/metrics", self.metrics_endpoint),

@@ -763,6 +763,9 @@ def sidecar_json(report: NodeReport, now: float) -> dict[str, Any]:
         "silent_for": round(max(0.0, now - report.heard_at), 1),
         "last_change": iso(report.changed_at),
         "reports_since_change": report.reports,
+        # the readings' time (the sidecar's clock): a heartbeat between full statuses says
+        # "unchanged" without them (sidecar.full_status_interval)
+        "readings_at": iso(report.observed_at),
         "version": report.payload.get("version"),
         "problems": {
             name: texts.get(name, text) if isinstance(texts, Mapping) else text

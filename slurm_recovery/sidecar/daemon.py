@@ -3,7 +3,9 @@ into evidence and delivers it to the controller.
 
 Three threads. The fast loop (every ``sidecar.fast_interval``) polls the fast sources (kernel
 log XIDs, injected XIDs, the hook spool, job logs and progress files) and sends a
-``sidecar_status`` event every ``sidecar.status_interval`` (a minute); the slow loop (every
+``sidecar_status`` event every ``sidecar.status_interval`` (a minute; while its condition is the
+one the controller holds, a heartbeat stands for it, and the full status with its readings goes
+every ``sidecar.full_status_interval``: contract.status); the slow loop (every
 ``sidecar.poll_interval``) polls the GPU backend and InfiniBand, so a hung NVML call never
 delays an XID; the sender drains the outbox. Each finding is appended to the on-disk outbox
 (then, and only then, its source may forget it) and the sender is woken at once. After each slow
@@ -33,6 +35,7 @@ from slurm_recovery import __version__, service_notify
 from slurm_recovery.config import ConfigError, load_config
 from slurm_recovery.contract.client import ControllerClient
 from slurm_recovery.contract.spool import BAD_DIR, EVENTS_DIR
+from slurm_recovery.contract.status import payload_digest
 from slurm_recovery.contract.wire import MAX_PAYLOAD_BYTES, WireError, parse_event
 from slurm_recovery.options import config_option
 from slurm_recovery.sidecar.base import Finding, Source
@@ -47,6 +50,8 @@ OUTBOX_DIR = "outbox"
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 #: Seconds between ``sidecar_status`` events.
 STATUS_INTERVAL = 60.0
+#: The longest seconds between two full statuses (a heartbeat stands for the others).
+FULL_STATUS_INTERVAL = 300.0
 #: Seconds the sidecar keeps delivering after SIGTERM (when the controller answers).
 EXIT_FLUSH_SECONDS = 5.0
 #: Request timeout towards the controller, seconds.
@@ -205,6 +210,7 @@ class Sidecar:
         fast_interval: float,
         poll_interval: float,
         status_interval: float = STATUS_INTERVAL,
+        full_status_interval: float = FULL_STATUS_INTERVAL,
         catalogue: Any = None,
         boot_id: str = "",
     ) -> None:
@@ -216,6 +222,7 @@ class Sidecar:
         self.fast_interval = fast_interval
         self.poll_interval = poll_interval
         self.status_interval = status_interval
+        self.full_status_interval = full_status_interval
         self.health = Health(spool_dir / HEALTH_FILE, node, catalogue, boot_id)
         self.started_at = time.time()
         #: source name -> error text while its poll fails
@@ -381,9 +388,18 @@ class Sidecar:
         return Finding("sidecar_status", now, payload=payload)
 
     def emit_status(self, now: float) -> None:
+        """The status in full through the queue, or a heartbeat when its condition is the one
+        the controller holds from a full status less than ``full_status_interval`` ago
+        (contract.status): the readings wait for the next full status, a change never does."""
         self._status_due = time.monotonic() + self.status_interval
+        wanted, self.sender.status_wanted = self.sender.status_wanted, False
         try:
-            self.queue([self.status(now)])
+            status = self.status(now)
+            if not wanted and self.sender.heartbeat(
+                payload_digest(status.payload), self.full_status_interval
+            ):
+                return
+            self.queue([status])
         except Exception:
             log.exception("cannot queue the status event")
 
@@ -430,7 +446,7 @@ class Sidecar:
             service_notify.watchdog_ping()  # WatchdogSec=: once per fast tick, when enabled
             try:
                 self.tick_fast(time.time())
-                if time.monotonic() >= self._status_due:
+                if time.monotonic() >= self._status_due or self.sender.status_wanted:
                     self.emit_status(time.time())
             except Exception:
                 log.exception("fast tick failed")
@@ -539,6 +555,7 @@ def main(config_path: Path | None, node: str | None, once: bool, insecure_no_aut
         fast_interval=side.fast_interval,
         poll_interval=side.poll_interval,
         status_interval=side.status_interval,
+        full_status_interval=side.full_status_interval,
         catalogue=_load_catalogue(),
         boot_id=read_boot_id(),
     )

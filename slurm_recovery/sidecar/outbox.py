@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slurm_recovery.contract.client import ClientError
+from slurm_recovery.contract.status import HELD, STATUS_KIND, payload_digest
 from slurm_recovery.contract.wire import MAX_EVENTS
 
 log = logging.getLogger(__name__)
@@ -252,6 +253,8 @@ class EvidenceClient(Protocol):
         self, events: Sequence[dict[str, Any]], *, role: str, node: str | None = None
     ) -> Any: ...
 
+    def post_heartbeat(self, node: str, digest: str) -> Any: ...
+
 
 #: Outcome of one delivery attempt (:meth:`Sender.send_available`).
 SENT, EMPTY, RETRY = "sent", "empty", "retry"
@@ -262,6 +265,12 @@ _TRANSIENT = frozenset({0, 408, 425, 429})
 _POISON = frozenset({400, 413, 422})
 #: Longest Retry-After honoured, in seconds (a larger one is clamped).
 MAX_RETRY_AFTER = 300.0
+#: Seconds heartbeats stay off after a controller that does not take them (an older one: 404),
+#: refuses them, or keeps asking for the full status it was just sent (it judges a status's
+#: condition differently: a rolling upgrade); every status goes in full meanwhile.
+HEARTBEATS_OFF = 3600.0
+#: "Send it in full" answers in a row, each after the full status, that turn heartbeats off.
+WANTED_IN_A_ROW = 3
 
 
 def retry_after(exc: BaseException) -> float | None:
@@ -321,6 +330,13 @@ class Sender:
         self.last_error: ClientError | None = None
         self.delivered = 0
         self._outage_since: float | None = None
+        #: (condition digest, ``clock`` time) of the last full status the controller accepted
+        self.held: tuple[str, float] | None = None
+        #: the controller asked for the full status (the sidecar sends one at its next tick)
+        self.status_wanted = False
+        self.heartbeats_off_until = 0.0
+        self._heartbeat: str | None = None  # the digest of the heartbeat waiting to be sent
+        self._wanted_in_a_row = 0
         self._wake = threading.Event()
         self._urgent = False
         self._stop = threading.Event()
@@ -335,7 +351,7 @@ class Sender:
         while True:
             batch = self.outbox.peek(self.batch_max, self.max_batch_bytes)
             if not batch:
-                return EMPTY
+                return self._send_heartbeat()
             queued = len(self.outbox)
             try:
                 self._deliver(batch)
@@ -368,6 +384,71 @@ class Sender:
             raise _Retry(exc) from exc
         self.outbox.ack([e.id for e in batch])
         self.delivered += len(batch)
+        for entry in reversed(batch):
+            if entry.role == "sidecar" and entry.event.get("kind") == STATUS_KIND:
+                digest = payload_digest(entry.event.get("payload") or {})
+                self.held = (digest, self.clock())
+                if self._heartbeat != digest:  # made before this status: it says nothing now
+                    self._heartbeat = None
+                break
+
+    # --- heartbeats --------------------------------------------------------------------------
+
+    def heartbeat(self, digest: str, max_age: float) -> bool:
+        """Instead of a status whose condition has ``digest``: True, and a heartbeat is on
+        its way, when the controller accepted a full status of that condition less than
+        ``max_age`` seconds ago and takes heartbeats; False: send the status in full."""
+        if max_age <= 0 or self.held is None or self.clock() < self.heartbeats_off_until:
+            return False
+        held, since = self.held
+        if held != digest or self.clock() - since >= max_age:
+            return False
+        self._heartbeat = digest
+        self._wake.set()
+        return True
+
+    def _send_heartbeat(self) -> str:
+        """Send the heartbeat waiting, if any (the queue is empty): EMPTY, or RETRY when the
+        controller cannot be reached (it stays, unless a newer one replaces it)."""
+        digest = self._heartbeat
+        if digest is None:
+            return EMPTY
+        try:
+            answer = self.client.post_heartbeat(self.node, digest)
+        except ClientError as exc:
+            if exc.status in _TRANSIENT or exc.status >= 500:
+                self._failed(exc)
+                return RETRY
+            self._heartbeat = None
+            self._heartbeats_off(
+                "the controller takes no heartbeats"
+                if exc.status in (404, 405)
+                else f"the controller refused a heartbeat ({exc.status}: {exc.reason})"
+            )
+            return EMPTY
+        if self._heartbeat == digest:
+            self._heartbeat = None
+        self._succeeded(0)
+        if isinstance(answer, dict) and answer.get("status") == HELD:
+            self._wanted_in_a_row = 0
+            return EMPTY
+        # "wanted" (or an answer this sidecar does not know): the status in full, now
+        self.held = None
+        self.status_wanted = True
+        self._wanted_in_a_row += 1
+        if self._wanted_in_a_row >= WANTED_IN_A_ROW:
+            self._heartbeats_off(
+                f"the controller asked for the full status {self._wanted_in_a_row} times in a "
+                "row (does it judge a status's condition differently: another version?)"
+            )
+        return EMPTY
+
+    def _heartbeats_off(self, why: str) -> None:
+        self.heartbeats_off_until = self.clock() + HEARTBEATS_OFF
+        self.held = None
+        self.status_wanted = True
+        self._wanted_in_a_row = 0
+        log.warning("%s: every status goes in full for %.0f s", why, HEARTBEATS_OFF)
 
     def _succeeded(self, queued: int) -> None:
         if self._outage_since is not None:
@@ -436,7 +517,7 @@ class Sender:
             wait = self.next_attempt - self.clock()
             if self._urgent:
                 wait = 0.0
-            if wait > 0 or len(self.outbox) == 0:
+            if wait > 0 or (len(self.outbox) == 0 and self._heartbeat is None):
                 self._wake.wait(timeout=wait if wait > 0 else None)
                 self._wake.clear()
                 continue

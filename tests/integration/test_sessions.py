@@ -10,12 +10,14 @@ import json
 import pwd
 import subprocess
 import time
+import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
 
 from slurm_recovery.contract import requests, sessions
 from slurm_recovery.contract.client import ClientError, ControllerClient
+from slurm_recovery.contract.status import HEARTBEAT_PATH, heartbeat_body, payload_digest
 from slurm_recovery.contract.wire import event_to_json
 from slurm_recovery.store import Store
 from tests.integration.test_controller import scheduler, stacks  # noqa: F401
@@ -206,3 +208,82 @@ def test_a_status_that_changes_nothing_is_answered_and_not_stored(stacks, local_
     with Store.open(stack.db, readonly=True) as store:
         stored = [r for r in store.find_evidence() if r.evidence.kind == "sidecar_status"]
     assert [r.evidence.payload["queued"] for r in stored] == [0, 6]
+
+
+def test_a_heartbeat_stands_for_the_status_the_controller_holds(stacks, local_cluster):  # noqa: F811
+    """Issue 29: after one full status, a heartbeat naming its condition's digest is answered
+    "held" in the session (nothing stored, the report counts it), a digest of another condition
+    or of a node never heard "wanted"; MUNGE-signed heartbeats work too; a heartbeat speaks
+    only for the sidecar's own node, never for a hook, is refused malformed, replayed or moved;
+    and a restarted controller still holds the report."""
+    stack = stacks("monitor")
+    sock = str(local_cluster.munge_socket)
+    client = ControllerClient(stack.url, munge_socket=sock, sessions=True, keep_alive=True)
+    quiet = {"version": "1", "started_at": 1.0, "dropped": 0, "sources": {"kmsg": "ok"}}
+    digest = payload_digest(quiet)
+
+    assert client.post_heartbeat(NODE, digest) == {"status": "wanted"}  # holds nothing yet
+    event = json.loads(body_for("sidecar_status", **quiet, queued=3))["events"][0]
+    assert len(client.post_evidence([event], role="sidecar", node=NODE)["ids"]) == 1
+    for _ in range(3):
+        assert client.post_heartbeat(NODE, digest) == {"status": "held"}
+    shown = client.get(f"/v1/nodes/{NODE}")["sidecar"]
+    assert shown["reports_since_change"] == 4 and shown["silent_for"] < 5, shown
+    assert client.post_heartbeat(NODE, payload_digest({**quiet, "dropped": 1})) == {
+        "status": "wanted"
+    }
+    # signed with MUNGE instead of a session
+    munge_client = ControllerClient(stack.url, munge_socket=sock)
+    assert munge_client.post_heartbeat(NODE, digest) == {"status": "held"}
+
+    # refusals: another node, a hook's credential, a malformed body, a replay, another host
+    with pytest.raises(ClientError) as info:
+        client.post_heartbeat("n3", digest)
+    assert info.value.status == 403 and "speaks only for n2" in info.value.reason
+    body = heartbeat_body(NODE, digest)
+    hook = requests.sign("POST", HEARTBEAT_PATH, body, role="hook", node=NODE, socket=sock)
+    status, answer = raw_post(stack.url, HEARTBEAT_PATH, body, hook)
+    assert status == 403 and "sidecars only" in answer["error"], answer
+    with pytest.raises(ClientError) as info:
+        client.request("POST", HEARTBEAT_PATH, b'{"node": "n2"}', role="sidecar", node=NODE)
+    assert info.value.status == 400 and "heartbeat" in info.value.reason
+    session = client._session
+    assert session is not None
+    session.counter += 1
+    header = sessions.authorization(
+        session.id,
+        session.key,
+        "POST",
+        HEARTBEAT_PATH,
+        body,
+        now=time.time(),
+        counter=session.counter,
+    )
+    assert raw_post(stack.url, HEARTBEAT_PATH, body, {"Authorization": header})[0] == 200
+    status, answer = raw_post(stack.url, HEARTBEAT_PATH, body, {"Authorization": header})
+    assert status == 401 and "replayed" in answer["error"], answer
+    session.counter += 1
+    moved = sessions.authorization(
+        session.id,
+        session.key,
+        "POST",
+        HEARTBEAT_PATH,
+        body,
+        now=time.time(),
+        counter=session.counter,
+    )
+    status, answer = raw_post(
+        stack.url, HEARTBEAT_PATH, body, {"Authorization": moved}, source="127.0.0.2"
+    )
+    assert status == 401 and "used from 127.0.0.2" in answer["error"], answer
+
+    metrics = urllib.request.urlopen(f"{stack.url}/metrics", timeout=5).read().decode()
+    assert 'srecovery_heartbeats_total{answer="held"} 5.0' in metrics, metrics
+    assert 'srecovery_heartbeats_total{answer="wanted"} 2.0' in metrics
+
+    stack.stop()
+    stack.start()
+    assert client.post_heartbeat(NODE, digest) == {"status": "held"}  # a new session, same report
+    with Store.open(stack.db, readonly=True) as store:
+        stored = [r for r in store.find_evidence() if r.evidence.kind == "sidecar_status"]
+    assert [r.evidence.payload["queued"] for r in stored] == [3]

@@ -5,11 +5,13 @@ nothing; a sidecar restart re-sends no XID; SIGTERM exits 0."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -324,3 +326,10 @@ def test_a_quiet_sidecars_status_is_state_not_a_growing_history(quick_stack):
     # and it reported in one session (issue 29, item 2), not a MUNGE credential per report
     log = (controller.base / "controller.log").read_text()
     assert log.count(f"session opened for the sidecar of {NODE} ") == 1, log[-2000:]
+    # and after its first full statuses, in heartbeats (the readings wait for the next full
+    # status, sidecar.full_status_interval: 300 s here)
+    with urllib.request.urlopen(f"{controller.url}/metrics", timeout=5) as resp:
+        metrics = resp.read().decode()
+    held = re.search(r'srecovery_heartbeats_total\{answer="held"\} ([0-9.]+)', metrics)
+    assert held and float(held.group(1)) >= 5, metrics[-3000:]
+    assert shown["readings_at"] < shown["last_report"], shown

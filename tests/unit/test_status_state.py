@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_recovery.contract.requests import Principal
-from slurm_recovery.controller.reports import LastReports, status_condition
+from slurm_recovery.contract.status import status_condition
+from slurm_recovery.controller.reports import LastReports
 from slurm_recovery.controller.service import Controller
 from slurm_recovery.controller.views import sidecar_json
 from slurm_recovery.store import Evidence, NodeReport, Store, StoreError
