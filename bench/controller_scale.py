@@ -29,8 +29,15 @@ For each N, with a fresh store:
   on its own node; the controller decodes every one of them in the window, as in
   production). ``--sessions``: each simulated sidecar opens its session first (one MUNGE
   credential, ``POST /v1/session``) and signs each status in it as it is sent (HMAC), as a
-  real sidecar does by default since issue 29; hook events keep a MUNGE credential each. The
-  schedule is open-loop: a slow answer does not delay the next request.
+  real sidecar does by default since issue 29; hook events keep a MUNGE credential each.
+  ``--heartbeats``: each node's first status goes in full, then, as a real sidecar sends them
+  since issue 29, a heartbeat (``POST /v1/heartbeat``, the status's condition digest) for each
+  unchanged status, and the status in full every ``--full-every`` s (300, staggered across the
+  nodes; "heartbeats answered wanted" counts the controller asking for one in full). The
+  schedule is open-loop: a slow answer does not delay the next request. The first statuses
+  take one period from the start: with ``--warmup`` shorter than a period and a half, the last
+  of them (each a node's first report, stored) can fall in the window ("stored in it, by
+  kind").
 - measured over the window: the rate of accepted events, latency from the start of the
   request (connect) to the end of the answer (p50/p99/max), the CPU of the controller process
   (fraction of one core, from /proc; its Slurm commands counted apart), its RSS, the CPU of
@@ -89,6 +96,7 @@ from support import add_stack_options, fill_stack_options
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.config import DEFAULTS
 from slurm_recovery.contract import sessions
+from slurm_recovery.contract.status import HEARTBEAT_PATH, heartbeat_body, payload_digest
 from slurm_recovery.store.store import ROUTINE_EVIDENCE
 
 SLURMD_NODES = 2  # n1, n2 run a slurmd (the decide phase runs its jobs there)
@@ -155,6 +163,19 @@ def db_usage(path: Path) -> tuple[int, int]:
     finally:
         conn.close()
     return (pages - free) * size, rows
+
+
+def stored_by_kind(path: Path, after_id: int) -> dict[str, int]:
+    """Evidence rows stored after ``after_id``, by kind (what the store's growth is made of)."""
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=10)
+    try:
+        rows = conn.execute(
+            "SELECT kind, source, COUNT(*) FROM evidence WHERE id > ? GROUP BY kind, source",
+            (after_id,),
+        ).fetchall()
+    finally:
+        conn.close()
+    return {f"{kind} ({source})": count for kind, source, count in rows}
 
 
 def files_on_disk(path: Path) -> dict[str, int]:
@@ -359,12 +380,17 @@ def sidecar_templates(base: Path, config: Path) -> tuple[dict[str, Any], list[di
 
 
 def request_bytes(
-    host: str, port: int, body: bytes, authorization: str, keep_alive: bool = False
+    host: str,
+    port: int,
+    body: bytes,
+    authorization: str,
+    keep_alive: bool = False,
+    path: str = "/v1/evidence",
 ) -> bytes:
     """The request as ControllerClient writes it: urllib's one-shot (``Connection: close``),
     or on a kept-alive connection (the sidecar's)."""
     head = (
-        "POST /v1/evidence HTTP/1.1\r\n"
+        f"POST {path} HTTP/1.1\r\n"
         "Accept-Encoding: identity\r\n"
         f"Content-Length: {len(body)}\r\n"
         f"Host: {host}:{port}\r\n"
@@ -422,38 +448,46 @@ def generate(spec: dict[str, Any]) -> None:
     keys = open_sessions(host, port, nodes, spec["munge_socket"]) if spec.get("sessions") else {}
     counters: dict[str, int] = {}
 
-    def in_session(body: bytes, node: str) -> Callable[[], bytes]:
+    def in_session(body: bytes, node: str, path: str) -> Callable[[], bytes]:
         """The request, signed in the node's session when it is sent (its time and counter)."""
         session_id, key = keys[node]
 
         def make() -> bytes:
             counters[node] = counters.get(node, 0) + 1
             value = sessions.authorization(
-                session_id,
-                key,
-                "POST",
-                "/v1/evidence",
-                body,
-                now=time.time(),
-                counter=counters[node],
+                session_id, key, "POST", path, body, now=time.time(), counter=counters[node]
             )
-            return request_bytes(host, port, body, value, keep_alive)
+            return request_bytes(host, port, body, value, keep_alive, path)
 
         return make
 
-    def signed(body: bytes, role: str, node: str) -> bytes:
+    def signed(body: bytes, role: str, node: str, path: str = "/v1/evidence") -> bytes:
         headers = signing.sign(
-            "POST", "/v1/evidence", body, role=role, node=node, socket=spec["munge_socket"]
+            "POST", path, body, role=role, node=node, socket=spec["munge_socket"]
         )
         # a sidecar keeps its connection (--keep-alive); a hook is a process: one request
         kept = keep_alive and role == "sidecar"
-        return request_bytes(host, port, body, headers["Authorization"], kept)
+        return request_bytes(host, port, body, headers["Authorization"], kept, path)
 
     def body_of(event: dict[str, Any], name: str) -> bytes:
         return json.dumps({"events": [{**event, "node": name}]}, separators=(",", ":")).encode()
 
-    def sidecar_request(body: bytes, name: str) -> Any:
-        return in_session(body, name) if keys else signed(body, "sidecar", name)
+    def sidecar_request(body: bytes, name: str, path: str = "/v1/evidence") -> Any:
+        return in_session(body, name, path) if keys else signed(body, "sidecar", name, path)
+
+    # --heartbeats: after its first full status, each node sends a heartbeat naming that
+    # status's condition, and its status in full every "full_every" s (staggered by node)
+    full_every = spec.get("full_every", 0.0)
+    digest = payload_digest(status["payload"])
+
+    def report(slot: int, i: int, name: str, body: bytes) -> Any:
+        if full_every > 0 and slot > 0:
+            phase = full_every * i / nodes
+            if int((slot * period + phase) // full_every) == int(
+                ((slot - 1) * period + phase) // full_every
+            ):
+                return sidecar_request(heartbeat_body(name, digest), name, HEARTBEAT_PATH)
+        return sidecar_request(body, name)
 
     bodies = [(f"n{i}", body_of(status, f"n{i}")) for i in range(1, nodes + 1)]
     # (offset, request or what makes it at send time, events in it, the sidecar whose
@@ -472,7 +506,7 @@ def generate(spec: dict[str, Any]) -> None:
         for i, (name, body) in enumerate(bodies):
             offset = lead + slot * period + period * i / nodes
             if offset < total:
-                schedule.append((offset, sidecar_request(body, name), 1, i))
+                schedule.append((offset, report(slot, i, name, body), 1, i))
     job_id = 2_000_000
     for k in range(int(total * job_rate)):
         name = f"n{rng.randint(1, nodes)}"
@@ -535,7 +569,7 @@ async def _run(
     lags: list[float] = []
     timeline: list[tuple[float, float]] = []  # (sent at, s after the start; latency, s)
     statuses: dict[str, int] = {}
-    state = {"outstanding": 0, "capped": 0, "errors": 0, "events_ok": 0, "late": 0}
+    state = {"outstanding": 0, "capped": 0, "errors": 0, "events_ok": 0, "late": 0, "wanted": 0}
     cap = spec["max_outstanding"]
     pending: set[asyncio.Task] = set()
 
@@ -558,7 +592,9 @@ async def _run(
                         for line in head.split(b"\r\n")
                         if line.lower().startswith(b"content-length:")
                     )
-                    await reader.readexactly(length)
+                    answer = await reader.readexactly(length)
+                    if answer == b'{"status": "wanted"}':
+                        state["wanted"] += 1
                     return head[9:12].decode("ascii", "replace")
                 except (asyncio.IncompleteReadError, ConnectionError):
                     kept.pop(sidecar, None)  # closed by the server while idle: reconnect
@@ -614,6 +650,7 @@ async def _run(
         "statuses": statuses,
         "capped": state["capped"],
         "events_ok": state["events_ok"],
+        "heartbeats_wanted": state["wanted"],
     }
 
 
@@ -643,6 +680,7 @@ def generator_spec(
         "max_outstanding": args.max_outstanding,
         "keep_alive": args.keep_alive,
         "sessions": args.sessions,
+        "full_every": args.full_every if args.heartbeats else 0.0,
         "out": str(stack.base / f"{name}.json"),
     }
 
@@ -738,6 +776,7 @@ def run_load(
     w1 = time.time()
     rpcs1 = sdiag_rpcs(stack.env())
     db1 = db_usage(stack.store)
+    kinds = stored_by_kind(stack.store, db0[1])
     files1 = files_on_disk(stack.store)
     load1 = os.getloadavg()
     rss_end = rss_mb(stack.controller)
@@ -768,6 +807,7 @@ def run_load(
         "generator_lag_s": gen_result["lag"],
         "statuses": gen_result["statuses"],
         "capped_by_generator": gen_result["capped"],
+        "heartbeats_wanted": gen_result.get("heartbeats_wanted", 0),
         "controller_cpu_cores": share["controller"],
         "controller_cpu_ms_per_request": (
             1000 * share["controller"] * wall / accepted if accepted else None
@@ -785,6 +825,7 @@ def run_load(
         "window_s": wall,
         "slurm_rpcs_per_s": rpc_rates(rpcs0, rpcs1, wall),
         "db_bytes_per_event": grown / events if events else None,
+        "stored_by_kind": kinds,
         # the store's growth over the window, at this load for a day (a sidecar status is
         # stored only when it changes: growth follows stored events, not requests)
         "db_bytes_per_day": grown / wall * 86400,
@@ -1100,6 +1141,7 @@ def print_table(report: dict[str, Any]) -> None:
     )
     print(f"node view: {report['node_view']}")
     print(f"connections: {report['connections']}")
+    print(f"reports: {report.get('reports', 'every status in full')}")
     print(f"controller: {report['controller']}")
     header = (
         f"{'nodes':>6} {'req/s':>7} {'ev/s ok':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
@@ -1136,12 +1178,18 @@ def print_table(report: dict[str, Any]) -> None:
     )
     for r in runs:
         print(f"  {r['nodes']} nodes, RPCs/s by type: {r['slurm_rpcs_per_s']}")
+        if "heartbeat" in report.get("reports", ""):
+            print(
+                f'  {r["nodes"]} nodes: heartbeats answered "wanted" (the controller held '
+                f"another condition): {r.get('heartbeats_wanted', 0)}"
+            )
         a, b = r["files_at_start"], r["files_at_end"]
         print(
             f"  {r['nodes']} nodes, the store over the {r['window_s']:.0f} s window: in use "
             f"{r['db_bytes_at_start'] / 1e6:.1f} -> {r['db_bytes_at_end'] / 1e6:.1f} MB; on "
             f"disk: state.db {a['db'] / 1e6:.1f} -> {b['db'] / 1e6:.1f} MB, state.db-wal "
-            f"{a['wal'] / 1e6:.1f} -> {b['wal'] / 1e6:.1f} MB"
+            f"{a['wal'] / 1e6:.1f} -> {b['wal'] / 1e6:.1f} MB; stored in it, by kind: "
+            f"{r.get('stored_by_kind') or 'nothing'}"
         )
     print(f"retention: {report['retention']}")
     c = report.get("pass_costs")
@@ -1248,6 +1296,20 @@ def main() -> int:
         "by default; without it, one MUNGE credential per status (the code before sessions)",
     )
     parser.add_argument(
+        "--heartbeats",
+        action="store_true",
+        help="after its first full status each simulated sidecar sends heartbeats (POST "
+        "/v1/heartbeat, the status's condition digest) and its status in full every "
+        "--full-every s, as a real one does by default; without it, every status in full",
+    )
+    parser.add_argument(
+        "--full-every",
+        type=float,
+        default=300.0,
+        help="with --heartbeats: seconds between a node's full statuses (sidecar."
+        "full_status_interval; default 300), staggered across the nodes",
+    )
+    parser.add_argument(
         "--keep-alive",
         action="store_true",
         help="each simulated sidecar sends on one kept-alive connection (hooks still one "
@@ -1319,6 +1381,13 @@ def main() -> int:
             if args.sessions
             else "real MUNGE: one credential per request (role sidecar/hook), encoded by the "
             "generator before the window, decoded by the controller through munged in it"
+        ),
+        "reports": (
+            f"heartbeats: each node's first status in full, then a heartbeat (POST "
+            f"/v1/heartbeat, its condition's digest) for each unchanged status, and its status "
+            f"in full every {args.full_every:g} s (staggered)"
+            if args.heartbeats
+            else "every status in full (POST /v1/evidence)"
         ),
         "retention": (
             f"store.retention (default {DEFAULTS['store.retention'] / 86400:g} days) deletes "

@@ -200,6 +200,9 @@ class Controller:
         self.on_pass = on_pass
         self.after_step = after_step
         self.metrics = Metrics()
+        # bound once: a heartbeat is most requests, and labels() takes a lock and a look-up
+        self._heartbeats_held = self.metrics.heartbeats.labels("held")
+        self._heartbeats_wanted = self.metrics.heartbeats.labels("wanted")
         self.ingest = _Worker("srecovery-ingest", config.store.path)
         self.loop_worker = _Worker("srecovery-loop", config.store.path)
         self.checkpointer = Checkpointer(config.store.path)
@@ -503,7 +506,7 @@ class Controller:
             self.metrics.ingest_rejects.labels("400").inc()
             return web.json_response({"error": str(err)}, status=400)
         held = self.reports.beat(node, digest, time.time())
-        self.metrics.heartbeats.labels("held" if held else "wanted").inc()
+        (self._heartbeats_held if held else self._heartbeats_wanted).inc()
         self.metrics.ingest_latency.observe(time.monotonic() - started)
         return web.Response(
             body=HELD_ANSWER if held else WANTED_ANSWER, content_type="application/json"
