@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.contract import requests
+from slurm_recovery.contract.status import HEARTBEAT_PATH
 from slurm_recovery.contract.wire import EVENT_FIELDS, MAX_EVENTS, event_to_json
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from tests.conftest import _free_port_block
@@ -122,6 +123,24 @@ hostile_text = st.sampled_from(
         "n[1-100000000]",
     ]
 ) | st.text(max_size=40)
+
+
+@FUZZ
+@given(
+    body=st.binary(max_size=700)
+    | st.builds(
+        lambda node, condition: json.dumps({"node": node, "condition": condition}).encode(),
+        hostile_text | json_values,
+        hostile_text | json_values,
+    )
+)
+def test_random_heartbeats_are_refused_cleanly(api, body):
+    """A heartbeat's body is two fields or nothing: random bytes and hostile values are a 400
+    (413 past its size), nothing is stored, the node is not counted as reporting."""
+    before = api.stored()
+    status, answer = api.send("POST", HEARTBEAT_PATH, body)
+    refused_cleanly(api, status, answer, before)
+    assert api.alive()
 
 
 @FUZZ

@@ -249,29 +249,25 @@ def test_a_heartbeat_stands_for_the_status_the_controller_holds(stacks, local_cl
     assert info.value.status == 400 and "heartbeat" in info.value.reason
     session = client._session
     assert session is not None
-    session.counter += 1
-    header = sessions.authorization(
-        session.id,
-        session.key,
-        "POST",
-        HEARTBEAT_PATH,
-        body,
-        now=time.time(),
-        counter=session.counter,
-    )
+
+    def signed() -> str:
+        """The session's next heartbeat, signed as the client signs it."""
+        session.counter += 1
+        return sessions.authorization(
+            session.id,
+            session.key,
+            "POST",
+            HEARTBEAT_PATH,
+            body,
+            now=time.time(),
+            counter=session.counter,
+        )
+
+    header = signed()
     assert raw_post(stack.url, HEARTBEAT_PATH, body, {"Authorization": header})[0] == 200
     status, answer = raw_post(stack.url, HEARTBEAT_PATH, body, {"Authorization": header})
     assert status == 401 and "replayed" in answer["error"], answer
-    session.counter += 1
-    moved = sessions.authorization(
-        session.id,
-        session.key,
-        "POST",
-        HEARTBEAT_PATH,
-        body,
-        now=time.time(),
-        counter=session.counter,
-    )
+    moved = signed()
     status, answer = raw_post(
         stack.url, HEARTBEAT_PATH, body, {"Authorization": moved}, source="127.0.0.2"
     )
