@@ -97,6 +97,7 @@ from slurm_recovery import devstack, localcluster
 from slurm_recovery.config import DEFAULTS
 from slurm_recovery.contract import sessions
 from slurm_recovery.contract.status import HEARTBEAT_PATH, heartbeat_body, payload_digest
+from slurm_recovery.controller.service import WANTED_ANSWER
 from slurm_recovery.store.store import ROUTINE_EVIDENCE
 
 SLURMD_NODES = 2  # n1, n2 run a slurmd (the decide phase runs its jobs there)
@@ -593,7 +594,7 @@ async def _run(
                         if line.lower().startswith(b"content-length:")
                     )
                     answer = await reader.readexactly(length)
-                    if answer == b'{"status": "wanted"}':
+                    if answer == WANTED_ANSWER:
                         state["wanted"] += 1
                     return head[9:12].decode("ascii", "replace")
                 except (asyncio.IncompleteReadError, ConnectionError):

@@ -103,7 +103,7 @@ def parse_event(raw: Any, where: str) -> WireEvent:
     if not isinstance(kind, str) or not _KIND.fullmatch(kind):
         raise WireError(f"{where}.kind: must be a lower-case name like 'xid'")
     node = raw.get("node")
-    if node is not None and (not isinstance(node, str) or not _NODE.fullmatch(node)):
+    if node is not None and (not isinstance(node, str) or not node_name_ok(node)):
         raise WireError(f"{where}.node: must be a Slurm node name")
     gpu = raw.get("gpu")
     if gpu is not None and (type(gpu) is not int or not 0 <= gpu < 1024):

@@ -3,10 +3,12 @@
 A sidecar's periodic ``sidecar_status`` is state, not an event: the controller keeps each
 node's latest in memory (:class:`LastReports`, written to the store's ``node_reports``, one row
 per node, every :data:`FLUSH_INTERVAL`) and stores a status as evidence only when its
-:func:`status_condition` changed (the first report, a source that fails or recovers, drops, a
-restarted or upgraded sidecar, a GPU lost), so a quiet cluster's store does not grow with
-nodes x time, and a status signed in a session that changes nothing is answered without
-leaving the HTTP thread (docs/performance.md).
+condition (contract.status, ``status_condition``, which the sidecar computes too) changed
+(the first report, a source that fails or recovers, drops, a restarted or upgraded sidecar, a
+GPU lost), so a quiet cluster's store does not grow with nodes x time; a status signed in a
+session that changes nothing is answered without leaving the HTTP thread, and a heartbeat that
+names the held condition's digest (:meth:`LastReports.beat`) with no status parsed at all
+(docs/performance.md).
 
 The ingest also notes every batch a sidecar delivers (:meth:`LastReports.heard`); the
 loop reads the table each pass and records a ``sidecar_silent`` finding for each node that runs

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import socket
@@ -29,8 +30,10 @@ from slurm_recovery.config import Config
 from slurm_recovery.contract import hostlist, munge, requests, sessions
 from slurm_recovery.contract.status import (
     HEARTBEAT_PATH,
+    HELD,
     MAX_HEARTBEAT_BYTES,
     STATUS_KIND,
+    WANTED,
     parse_heartbeat,
     status_condition,
 )
@@ -61,7 +64,7 @@ Checked = tuple[requests.Principal, list[Evidence]]
 #: The answer to a status that changed nothing (most requests): one event accepted, none stored.
 UNCHANGED_ANSWER = b'{"accepted": 1, "ids": []}'
 #: The answers to a heartbeat (contract.status): the report held, or send the status in full.
-HELD_ANSWER, WANTED_ANSWER = b'{"status": "held"}', b'{"status": "wanted"}'
+HELD_ANSWER, WANTED_ANSWER = (json.dumps({"status": a}).encode() for a in (HELD, WANTED))
 
 #: Role assumed for every request when authentication is off (development only).
 INSECURE_ROLE_HEADER = "X-SRecovery-Role"
