@@ -4,8 +4,12 @@ A requeue that excludes nodes can leave a job with fewer usable nodes than it ne
 spanning its whole partition, a partition thinned by drains). Slurm then keeps it PENDING for
 ever, with a reason few read ("Nodes required for job are DOWN, DRAINED or reserved ..."). This
 module counts, from the node listing the loop already reads, the job's partition's nodes that
-could take it: not down, drained, failing or powered off, not excluded, and matching its
-``--constraint`` when that is a plain list of features (``a``, ``a&b``, ``a,b``, ``a|b``).
+could take it: not down, drained or failing, not excluded, and matching its ``--constraint``
+when that is a plain list of features (``a``, ``a&b``, ``a,b``, ``a|b``). A node in a passing
+state counts as usable: one that is not responding (for a moment, or until Slurm marks it DOWN
+after ``SlurmdTimeout``), asleep under power saving (Slurm powers it up for a job), rebooting,
+or not yet registered (UNKNOWN): none of them needs an operator to take a job, and a job must
+not be stopped, or flagged as needing one, on a snapshot taken during a ping that timed out.
 
 What it does not know: a node's free CPUs, memory or GPUs (busy nodes count as usable: they
 free up), reservations, licences, and constraints with counts, brackets or parentheses (then
@@ -22,12 +26,12 @@ from dataclasses import dataclass
 from slurm_recovery.contract.hostlist import compress
 from slurm_recovery.scheduler.base import Job, Node
 
-#: Base states of a node that takes no job now.
-UNUSABLE_STATES = frozenset({"DOWN", "FAIL", "FUTURE", "UNKNOWN"})
-#: Flags of a node that takes no job now (DRAIN: draining or drained).
-UNUSABLE_FLAGS = frozenset(
-    {"DRAIN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "REBOOT_ISSUED"}
-)
+#: Base states of a node that takes no job until someone acts (or, FUTURE, until it is added).
+UNUSABLE_STATES = frozenset({"DOWN", "FAIL", "FUTURE"})
+#: Flags of a node that takes no job until someone acts (DRAIN: draining or drained; FAIL:
+#: failing, by an operator's ``state=fail``). Passing ones (NOT_RESPONDING, POWERED_DOWN,
+#: POWERING_DOWN, REBOOT_ISSUED, COMPLETING) do not count: see the module's docstring.
+UNUSABLE_FLAGS = frozenset({"DRAIN", "FAIL"})
 _PLAIN = re.compile(r"^[\w.-]+(?:[&,|][\w.-]+)*$")
 
 
@@ -50,7 +54,8 @@ class Shortfall:
 
 
 def usable(node: Node) -> bool:
-    """Whether ``node`` can take a job now (it may be busy: busy nodes free up)."""
+    """Whether ``node`` can take a job without anyone acting (it may be busy: busy nodes free
+    up; it may be asleep, rebooting or missing a ping: those pass)."""
     return node.state not in UNUSABLE_STATES and not (node.flags & UNUSABLE_FLAGS)
 
 

@@ -80,7 +80,7 @@ def test_a_job_needing_every_node_is_requeued_waiting_and_says_it_needs_an_opera
     assert (
         f"needs operator: job needs {size} nodes, {size - 1} are usable after excluding {bad}"
         in advice["reason"]
-    ), advice["reason"]
+    ), (advice["reason"], [(n.name, n.state, sorted(n.flags)) for n in scheduler.list_nodes()])
     assert advice["drain"] == [bad]  # a broken node is drained whatever the job's fate
 
     # the job waits, excluding the node, and the controller shows it as unable to run

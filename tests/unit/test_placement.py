@@ -56,8 +56,9 @@ def test_a_spare_node_makes_room():
         ("DOWN", ()),
         ("IDLE", ("DRAIN",)),
         ("ALLOCATED", ("DRAIN",)),  # draining: takes no new job
-        ("IDLE", ("NOT_RESPONDING",)),
-        ("IDLE", ("POWERED_DOWN",)),
+        ("DOWN", ("NOT_RESPONDING",)),  # SlurmdTimeout passed: Slurm set it DOWN
+        ("IDLE", ("POWERED_DOWN", "DRAIN")),  # asleep and drained: the drain counts
+        ("MIXED", ("FAIL",)),  # an operator's state=fail
         ("FUTURE", ()),
         ("FAIL", ()),
     ],
@@ -67,6 +68,26 @@ def test_nodes_that_take_no_job_do_not_count(state, flags):
     assert not usable(listing["n5"])
     short = shortfall(job(4), listing, {"n2"})
     assert short is not None and "n5" not in short.usable
+
+
+@pytest.mark.parametrize(
+    ("state", "flags"),
+    [
+        ("ALLOCATED", ("NOT_RESPONDING",)),  # one missed ping under load (CI stop 44)
+        ("IDLE", ("NOT_RESPONDING",)),
+        ("IDLE", ("POWERED_DOWN",)),  # power saving: Slurm powers it up for a job
+        ("IDLE", ("POWERING_DOWN",)),
+        ("MIXED", ("REBOOT_ISSUED",)),  # back after its reboot
+        ("UNKNOWN", ()),  # not registered yet (slurmctld just started)
+        ("IDLE", ("COMPLETING",)),
+    ],
+)
+def test_nodes_in_a_passing_state_count_no_operator_is_needed(state, flags):
+    """A snapshot taken while a node misses a ping, sleeps or reboots must not make a job
+    look unplaceable: with ``unplaceable = "stop"`` that would cancel a job that can run."""
+    listing = nodes(4, n3=dict(state=state, flags=frozenset(flags)))
+    assert usable(listing["n3"])
+    assert shortfall(job(3), listing, {"n2"}) is None
 
 
 @pytest.mark.parametrize("state", ["IDLE", "ALLOCATED", "MIXED", "COMPLETING"])
