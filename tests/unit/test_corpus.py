@@ -12,6 +12,7 @@ ground fails, and one that gains raises these floors)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -165,7 +166,21 @@ def test_the_ceiling_counts_what_the_root_line_cannot_separate() -> None:
         _case("c", segfault, "requeue"),
         _case("d", "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", "stop"),
     ]
-    assert root_ceiling(cases) == (3, 4, 2)
+    assert root_ceiling(cases) == (3, 3, 4, 2)
+
+
+def test_the_ceiling_without_forbidden_errors_gives_up_labels_that_would_make_one() -> None:
+    """Under one root line, 3 application faults (stop) and 1 node fault: the most common
+    label, stop, would stop the node fault; requeue_exclude would blame the applications.
+    The constrained ceiling takes the best label left (requeue: none of these cases)."""
+    segfault = "srun: error: n1: task 0: Segmentation fault (core dumped)"
+    node = replace(
+        _case("d", segfault, "requeue_exclude"), node_fault=True, fault_domain="hardware"
+    )
+    cases = [_case(name, segfault, "stop") for name in "abc"] + [node]
+    assert root_ceiling(cases) == (3, 0, 4, 1)
+    cases.append(_case("e", segfault, "requeue"))
+    assert root_ceiling(cases) == (3, 1, 5, 1)
 
 
 def test_like_for_like_scores_the_development_cases_of_the_sealed_parts_areas_only() -> None:
@@ -181,7 +196,6 @@ def test_like_for_like_scores_the_development_cases_of_the_sealed_parts_areas_on
 
 
 def test_a_one_node_log_that_never_names_its_host_is_blamed_rightly_on_the_logs_node() -> None:
-    from dataclasses import replace
 
     from bench.attribution import Outcome, explain
 
