@@ -674,16 +674,34 @@ class Reconciler:
         ]
         restarts = len(restarted)
         previous_cause = self._cause_of(max(restarted, key=lambda i: i.id)) if restarted else None
+        policy = policy_for_job(self.policy, settings)
+        tool_excluded = self._tool_exclusions(history)
         advice = advise(
             found,
             verdict,
             job,
-            policy_for_job(self.policy, settings),
+            policy,
             view,
             restarts,
-            tool_excluded=self._tool_exclusions(history),
+            tool_excluded=tool_excluded,
             previous_cause=previous_cause,
         )
+        if advice.rule == "unplaceable" and self.node_listing is not None:
+            # "too few usable nodes" calls an operator or stops the job: judged on a listing
+            # read now, not one up to a loop interval old (a node resumed meanwhile, a ping
+            # missed then): read afresh, decide again
+            self.node_listing.refresh()
+            view = dataclasses.replace(view, nodes=self.node_listing.nodes())
+            advice = advise(
+                found,
+                verdict,
+                job,
+                policy,
+                view,
+                restarts,
+                tool_excluded=tool_excluded,
+                previous_cause=previous_cause,
+            )
         advised = self.clock()
         # the health check's drains of the nodes excluded: the advice shows them as evidence
         checked = {

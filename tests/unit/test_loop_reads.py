@@ -209,3 +209,29 @@ def test_what_wakes_a_pass_at_once():
     assert wakes_the_loop(xid(79))
     for kind in ("job_start", "sidecar_status", "progress"):
         assert not wakes_the_loop(Evidence("sidecar", kind, NOW, node="n1"))
+
+
+@pytest.mark.parametrize("stale", [{"n8": "maintenance"}, {}])
+def test_a_job_too_big_for_a_stale_listing_is_judged_on_a_fresh_one(tmp_path: Path, stale):
+    """The listing a pass takes may be a loop interval old. A job spanning seven of the eight
+    nodes loses n2 to an XID: whether the rest can take it turns on n8, which an operator
+    resumed after the listing was read. With unplaceable = "stop", that stale listing would
+    cancel a job that can run: the loop reads the listing afresh before it advises so.
+    (``stale = {}``: n8 was in service all along; the fresh read changes nothing.)"""
+    slurm = CountingSlurm([job(nodes=tuple(f"n{i}" for i in range(1, 8)))], nodes(stale))
+    mono = [100.0]
+    listing = NodeListing(slurm.list_nodes, every=1.0, max_age=5.0, clock=lambda: mono[0])
+    listing.refresh()
+    slurm.nodes["n8"] = dataclasses.replace(slurm.nodes["n8"], flags=frozenset(), reason="")
+    mono[0] += 0.5  # the operator's resume, half a second after the listing was read
+    store = Store.open(tmp_path / "state.db")
+    store.add_evidence([xid(79, node="n2", at=NOW - 20)], received_at=NOW - 19)
+    loop = reconciler(store, slurm, [NOW], listing=listing)
+    loop.base_policy = loop.policy = dataclasses.replace(loop.policy, unplaceable="stop")
+    loop.tick()
+    (incident,) = store.list_incidents()
+    advice = store.latest_advice(incident.id)
+    assert advice is not None
+    assert advice.decision == "requeue_exclude", advice.reason
+    assert "n8" not in advice.reason and "usable" not in advice.reason
+    assert listing.reads == (2 if stale else 1)  # read afresh only when it said "unplaceable"
