@@ -44,6 +44,7 @@ from slurm_recovery.decide.model import (
     Verdict,
     partition_sizes,
 )
+from slurm_recovery.decide.model import Advice as CoreAdvice
 from slurm_recovery.decide.model import Evidence as CoreEvidence
 from slurm_recovery.decide.model import Incident as CoreIncident
 from slurm_recovery.decide.policy import Policy
@@ -676,32 +677,26 @@ class Reconciler:
         previous_cause = self._cause_of(max(restarted, key=lambda i: i.id)) if restarted else None
         policy = policy_for_job(self.policy, settings)
         tool_excluded = self._tool_exclusions(history)
-        advice = advise(
-            found,
-            verdict,
-            job,
-            policy,
-            view,
-            restarts,
-            tool_excluded=tool_excluded,
-            previous_cause=previous_cause,
-        )
+
+        def advise_on(seen: ClusterView) -> CoreAdvice:
+            return advise(
+                found,
+                verdict,
+                job,
+                policy,
+                seen,
+                restarts,
+                tool_excluded=tool_excluded,
+                previous_cause=previous_cause,
+            )
+
+        advice = advise_on(view)
         if advice.rule == "unplaceable" and self.node_listing is not None:
             # "too few usable nodes" calls an operator or stops the job: judged on a listing
             # read now, not one up to a loop interval old (a node resumed meanwhile, a ping
             # missed then): read afresh, decide again
             self.node_listing.refresh()
-            view = dataclasses.replace(view, nodes=self.node_listing.nodes())
-            advice = advise(
-                found,
-                verdict,
-                job,
-                policy,
-                view,
-                restarts,
-                tool_excluded=tool_excluded,
-                previous_cause=previous_cause,
-            )
+            advice = advise_on(dataclasses.replace(view, nodes=self.node_listing.nodes()))
         advised = self.clock()
         # the health check's drains of the nodes excluded: the advice shows them as evidence
         checked = {
