@@ -227,6 +227,16 @@ class EmitterTables:
                 return member
         return None
 
+    def lookup_text(self, tables: Iterable[str], code: str) -> Member | None:
+        """The member of one of ``tables`` whose message ``code`` is, case and spacing aside;
+        nothing else (no name, no value, no longer line that begins with it)."""
+        said = _normal(code)
+        for table in tables:
+            found = self._messages.get((table, said))
+            if found is not None:
+                return found
+        return None
+
     def _exact(self, order: list[str], code: str, *, whole: bool = False) -> Member | None:
         """A member named by ``code`` itself: name, message, a message it begins with, or one
         that begins with it (not when ``whole``: ``code`` is a message printed whole)."""

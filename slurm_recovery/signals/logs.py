@@ -32,7 +32,7 @@ import msgspec
 
 from slurm_recovery.contract.catalogue import FaultClass
 from slurm_recovery.schema import Checked, Choice, SchemaError, parse_toml
-from slurm_recovery.signals.emitters import EmitterTables, load_emitter_tables
+from slurm_recovery.signals.emitters import EmitterTables, Member, load_emitter_tables
 from slurm_recovery.signals.xid import (
     LOG_ACTIONS,
     Text,
@@ -153,6 +153,7 @@ class SignatureEntry(
     escalate_after: Annotated[int, msgspec.Meta(ge=0)] = 0
     tables: tuple[Text, ...] = ()
     unlisted: Unlisted = Unlisted("classify")
+    whole_text: bool = False
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,9 @@ class Signature:
     #: ``ignore``: a line no member names is left to the entries after this one, and a line
     #: whose member asks nothing is no match at all; ``classify``: this entry's own facts
     unlisted: str = "classify"
+    #: the ``code`` must be a member's whole message, not a line that begins with it: for a
+    #: line that is nothing but the text ("Killed")
+    whole_text: bool = False
 
     @property
     def pattern(self) -> str:
@@ -446,8 +450,15 @@ class SignatureCatalogue:
         signature = self._by_id.get(match.signature_id)
         if signature is None or not signature.tables or match.code is None:
             return None
-        member = self.emitters.lookup(signature.tables, match.code)
+        member = self._member(signature, match.code)
         return None if member is None else member.name
+
+    def _member(self, signature: Signature, code: str) -> Member | None:
+        """The member of ``signature``'s tables that ``code`` names (:attr:`Signature.whole_text`:
+        only one whose text ``code`` is)."""
+        if signature.whole_text:
+            return self.emitters.lookup_text(signature.tables, code)
+        return self.emitters.lookup(signature.tables, code)
 
     # ------------------------------------------------------------------ scanning
 
@@ -496,7 +507,7 @@ class SignatureCatalogue:
             named, xid = found
             code = _code(named) if signature.tables else None
             if signature.unlisted == "ignore":
-                member = self.emitters.lookup(signature.tables, code) if code else None
+                member = self._member(signature, code) if code else None
                 if member is None or not member.classified:
                     continue  # not this entry's: the entries after it may know the line
                 if member.action == "none":
@@ -659,7 +670,7 @@ class SignatureCatalogue:
                 label=info.label,
             )
         if signature.tables and match.code:
-            member = self.emitters.lookup(signature.tables, match.code)
+            member = self._member(signature, match.code)
             if member is not None and member.classified:
                 # a code that asks nothing (success, "not ready") is a warning, as an XID is;
                 # one that does not say whose fault it is, a symptom: never the root
@@ -1885,6 +1896,8 @@ def _broken_rules(entry: SignatureEntry) -> list[tuple[str, str]]:
             broken.append(("tables", "the pattern needs a (?P<code>...) group naming the error"))
     elif entry.unlisted != "classify":
         broken.append(("unlisted", "only with tables"))
+    elif entry.whole_text:
+        broken.append(("whole_text", "only with tables"))
     if entry.escalate_after and (entry.escalate_after < 2 or not entry.knock_on or not node_class):
         broken.append(
             (
@@ -1914,6 +1927,7 @@ def _signature(entry: SignatureEntry) -> Signature:
         escalate_after=entry.escalate_after,
         tables=tuple(str(t) for t in entry.tables),
         unlisted=str(entry.unlisted),
+        whole_text=entry.whole_text,
     )
 
 
