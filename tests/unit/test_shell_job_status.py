@@ -5,6 +5,9 @@ that merely begins with a signal's text is not the shell's notice (``whole_text`
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -93,3 +96,25 @@ example = "Killed"
 """
     with pytest.raises(SignatureError, match="whole_text: only with tables"):
         signatures_from_toml(entry, "test.toml")
+
+
+@pytest.mark.skipif(shutil.which("dash") is None, reason="dash is Debian's /bin/sh; not here")
+def test_debians_sh_running_a_batch_script_prints_the_notice_it_is_read_from(tmp_path):
+    """The emitter itself: dash, Debian's and Ubuntu's /bin/sh, running a ``#!/bin/sh`` batch
+    script whose step the kernel kills prints the signal's text alone on its stderr (as bash
+    does only interactively); that output, as the job's log holds it, is read as the kill."""
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        "echo step 10\n"
+        "python3 -c 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'\n"
+        "exit 137\n"
+    )
+    ran = subprocess.run(["dash", str(script)], capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 137 and "Killed" in ran.stderr.splitlines(), ran.stderr
+    verdict = read_log(ran.stdout + ran.stderr)
+    assert verdict.action == "requeue" and verdict.signatures[0]["id"] == "shell.job_status"
+
+
+def read_log(text: str):
+    return classify(CATALOGUE.scan(text.splitlines()))
