@@ -50,6 +50,7 @@ REQUIRED = {
     "errno",
     "ipmi_sel",
     "dcgm_errors",
+    "c_runtime",
 }
 
 
