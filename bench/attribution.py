@@ -334,10 +334,7 @@ def root_ceiling(cases: Iterable[Case]) -> tuple[int, int, int, int]:
             banned.add("requeue_exclude")
         count += 1
     best = sum(max(c.values()) for c in labels.values())
-    allowed = sum(
-        max(n for action, n in {a: c[a] for a in ACTIONS}.items() if action not in forbidden[r])
-        for r, c in labels.items()
-    )
+    allowed = sum(max(c[a] for a in ACTIONS if a not in forbidden[r]) for r, c in labels.items())
     return best, allowed, count, len(labels)
 
 

@@ -245,11 +245,10 @@ class EmitterTables:
             found = self._names.get((table, code))
             if found is not None:
                 return found
+        found = self.lookup_text(order, code)
+        if found is not None:
+            return found
         said = _normal(code)
-        for table in order:
-            found = self._messages.get((table, said))
-            if found is not None:
-                return found
         for (table, message), member in self._prefixes:
             if table in order and len(message) >= MIN_LITERAL and said.startswith(message):
                 return member

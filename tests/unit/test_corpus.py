@@ -196,7 +196,6 @@ def test_like_for_like_scores_the_development_cases_of_the_sealed_parts_areas_on
 
 
 def test_a_one_node_log_that_never_names_its_host_is_blamed_rightly_on_the_logs_node() -> None:
-
     from bench.attribution import Outcome, explain
 
     line = "Feb 23 03:28:16 kernel: EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0"

@@ -19,6 +19,7 @@ from slurm_recovery.signals.logs import (
     default_catalogue,
     signatures_from_toml,
 )
+from tests.unit.test_signatures import _entry
 
 CATALOGUE = default_catalogue()
 SIGNALS = load_emitter_tables().tables["signal_desc"]
@@ -32,8 +33,9 @@ EARLIER = {
 }
 
 
-def read(line: str):
-    return classify(CATALOGUE.scan([line]))
+def read(text: str):
+    """The verdict on ``text``'s lines, as explain-log gives it."""
+    return classify(CATALOGUE.scan(text.splitlines()))
 
 
 def test_its_keywords_are_every_asking_signals_text() -> None:
@@ -82,18 +84,7 @@ def test_whole_text_names_only_a_members_message() -> None:
 
 
 def test_whole_text_without_tables_is_refused() -> None:
-    entry = """
-[[signature]]
-id = "x.alone"
-description = "d"
-keywords = ["Killed"]
-pattern = '^(?P<code>Killed)$'
-class = "unknown"
-category = "user_code"
-action = "requeue"
-whole_text = true
-example = "Killed"
-"""
+    entry = _entry("x.alone", "whole_text = true\n")
     with pytest.raises(SignatureError, match="whole_text: only with tables"):
         signatures_from_toml(entry, "test.toml")
 
@@ -112,9 +103,5 @@ def test_debians_sh_running_a_batch_script_prints_the_notice_it_is_read_from(tmp
     )
     ran = subprocess.run(["dash", str(script)], capture_output=True, text=True, timeout=30)
     assert ran.returncode == 137 and "Killed" in ran.stderr.splitlines(), ran.stderr
-    verdict = read_log(ran.stdout + ran.stderr)
+    verdict = read(ran.stdout + ran.stderr)
     assert verdict.action == "requeue" and verdict.signatures[0]["id"] == "shell.job_status"
-
-
-def read_log(text: str):
-    return classify(CATALOGUE.scan(text.splitlines()))
