@@ -33,7 +33,10 @@ For each N, with a fresh store:
   ``--heartbeats``: each node's first status goes in full, then, as a real sidecar sends them
   since issue 29, a heartbeat (``POST /v1/heartbeat``, the status's condition digest) for each
   unchanged status, and the status in full every ``--full-every`` s (300, staggered across the
-  nodes; "heartbeats answered wanted" counts the controller asking for one in full). The
+  nodes; "heartbeats answered wanted" counts the controller asking for one in full).
+  ``--datagrams``: each heartbeat a UDP datagram to the port the sessions offer, signed in the
+  session, as a real sidecar sends them since heartbeat datagrams (contract.datagrams); one
+  unanswered within a second counts as not accepted (a sidecar would send it over HTTP). The
   schedule is open-loop: a slow answer does not delay the next request. The first statuses
   take one period from the start: with ``--warmup`` shorter than a period and a half, the last
   of them (each a node's first report, stored) can fall in the window ("stored in it, by
@@ -95,14 +98,22 @@ from support import add_stack_options, fill_stack_options
 
 from slurm_recovery import devstack, localcluster
 from slurm_recovery.config import DEFAULTS
-from slurm_recovery.contract import sessions
-from slurm_recovery.contract.status import HEARTBEAT_PATH, heartbeat_body, payload_digest
+from slurm_recovery.contract import datagrams, sessions
+from slurm_recovery.contract.status import (
+    HEARTBEAT_PATH,
+    HELD,
+    WANTED,
+    heartbeat_body,
+    payload_digest,
+)
 from slurm_recovery.controller.service import WANTED_ANSWER
 from slurm_recovery.store.store import ROUTINE_EVIDENCE
 
 SLURMD_NODES = 2  # n1, n2 run a slurmd (the decide phase runs its jobs there)
 PHANTOM_PORT_OFFSET = 999  # every node without a slurmd "listens" on port_base + 999
 FALLEN_OFF = "GPU has fallen off the bus."
+#: The generator's UDP sockets for --datagrams, shared by the simulated sidecars.
+DATAGRAM_SOCKETS = 16
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -446,7 +457,12 @@ def generate(spec: dict[str, Any]) -> None:
     status, job_events = spec["status"], spec["job_events"]
 
     keep_alive = spec.get("keep_alive", False)
-    keys = open_sessions(host, port, nodes, spec["munge_socket"]) if spec.get("sessions") else {}
+    keys, datagram_port = (
+        open_sessions(host, port, nodes, spec["munge_socket"]) if spec.get("sessions") else ({}, 0)
+    )
+    if spec.get("datagrams") and not datagram_port:
+        raise SystemExit("--datagrams: the controller offered no datagram port in its sessions")
+    spec["datagram_port"] = datagram_port
     counters: dict[str, int] = {}
 
     def in_session(body: bytes, node: str, path: str) -> Callable[[], bytes]:
@@ -487,8 +503,26 @@ def generate(spec: dict[str, Any]) -> None:
             if int((slot * period + phase) // full_every) == int(
                 ((slot - 1) * period + phase) // full_every
             ):
-                return sidecar_request(heartbeat_body(name, digest), name, HEARTBEAT_PATH)
+                return heartbeat_request(name)
         return sidecar_request(body, name)
+
+    def heartbeat_request(name: str) -> Any:
+        """A heartbeat: over HTTP, or (--datagrams) a datagram signed in the session when it
+        is sent, with the MACs of the two answers the controller may give to it."""
+        body = heartbeat_body(name, digest)
+        if not spec.get("datagrams"):
+            return sidecar_request(body, name, HEARTBEAT_PATH)
+        session_id, key = keys[name]
+
+        def make() -> Datagram:
+            counters[name] = counters.get(name, 0) + 1
+            authorization = datagrams.sign(
+                session_id, key, body, now=time.time(), counter=counters[name]
+            )
+            answers = {datagrams.answer_mac(key, authorization, a): a for a in (HELD, WANTED)}
+            return Datagram(datagrams.encode(authorization, body), answers)
+
+        return make
 
     bodies = [(f"n{i}", body_of(status, f"n{i}")) for i in range(1, nodes + 1)]
     # (offset, request or what makes it at send time, events in it, the sidecar whose
@@ -527,13 +561,18 @@ def generate(spec: dict[str, Any]) -> None:
     Path(spec["out"]).write_text(json.dumps(results))
 
 
-def open_sessions(host: str, port: int, nodes: int, socket: str) -> dict[str, tuple[str, bytes]]:
-    """node -> (session id, key): each simulated sidecar opens its session as a real one does
-    (a MUNGE-signed POST /v1/session, the key read back through munged), before the window."""
+def open_sessions(
+    host: str, port: int, nodes: int, socket: str
+) -> tuple[dict[str, tuple[str, bytes]], int]:
+    """node -> (session id, key), and the datagram port the sessions offer (0: none): each
+    simulated sidecar opens its session as a real one does (a MUNGE-signed POST /v1/session,
+    the key read back through munged), before the window."""
     from concurrent.futures import ThreadPoolExecutor
 
     from slurm_recovery.contract import munge
     from slurm_recovery.contract import requests as signing
+
+    offered: set[int] = set()
 
     def open_one(node: str) -> tuple[str, tuple[str, bytes]]:
         body = b"{}"
@@ -552,10 +591,37 @@ def open_sessions(host: str, port: int, nodes: int, socket: str) -> dict[str, tu
         if resp.status != 201:
             raise RuntimeError(f"session for {node}: {resp.status} {answer}")
         key = munge.decode(answer["key"], socket=socket).payload
+        offered.add(int(answer.get("datagram_port") or 0))
         return node, (answer["session"], key)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        return dict(pool.map(open_one, [f"n{i}" for i in range(1, nodes + 1)]))
+        keys = dict(pool.map(open_one, [f"n{i}" for i in range(1, nodes + 1)]))
+    return keys, max(offered, default=0)
+
+
+class Datagram:
+    """A heartbeat datagram to send, and its possible answers' MACs -> the answer."""
+
+    def __init__(self, data: bytes, answers: dict[str, str]) -> None:
+        self.data = data
+        self.answers = answers
+
+
+class _Answers(asyncio.DatagramProtocol):
+    """Takes the controller's answers to heartbeat datagrams: each resolves the future of
+    the datagram whose answer MAC it carries (datagrams.answer_mac)."""
+
+    def __init__(self, waiting: dict[str, asyncio.Future]) -> None:
+        self.waiting = waiting
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        try:
+            mac = json.loads(data).get("mac")
+        except (ValueError, AttributeError):
+            return
+        future = self.waiting.pop(mac, None) if isinstance(mac, str) else None
+        if future is not None and not future.done():
+            future.set_result(mac)
 
 
 async def _run(
@@ -576,6 +642,32 @@ async def _run(
 
     kept: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
     locks: dict[int, asyncio.Lock] = {}
+    # --datagrams: a few UDP sockets for all the simulated sidecars (the controller checks
+    # the address, not the port), answers matched to their datagram by MAC
+    waiting: dict[str, asyncio.Future] = {}
+    udp = [
+        (
+            await loop.create_datagram_endpoint(
+                lambda: _Answers(waiting), remote_addr=(host, spec["datagram_port"])
+            )
+        )[0]
+        for _ in range(DATAGRAM_SOCKETS if spec.get("datagrams") else 0)
+    ]
+
+    async def exchange_datagram(sidecar: int, datagram: Datagram) -> str:
+        """One heartbeat datagram and its answer: "200" as an HTTP answer would count."""
+        future = loop.create_future()
+        for mac in datagram.answers:
+            waiting[mac] = future
+        try:
+            udp[sidecar % len(udp)].sendto(datagram.data)
+            mac = await asyncio.wait_for(future, datagrams.ANSWER_WAIT)
+        finally:
+            for mac_ in datagram.answers:
+                waiting.pop(mac_, None)
+        if datagram.answers[mac] == WANTED:
+            state["wanted"] += 1
+        return "200"
 
     async def exchange_kept(sidecar: int, payload: bytes) -> str:
         """One request on the sidecar's kept-alive connection (opened at its first), after
@@ -607,7 +699,9 @@ async def _run(
         start = loop.time()
         done = loop.create_future()
         try:
-            if spec.get("keep_alive") and sidecar >= 0:
+            if isinstance(payload, Datagram):
+                code = await exchange_datagram(sidecar, payload)
+            elif spec.get("keep_alive") and sidecar >= 0:
                 code = await asyncio.wait_for(exchange_kept(sidecar, payload), 30.0)
             else:
                 await loop.create_connection(lambda: _Exchange(payload, done), host, port)
@@ -643,6 +737,8 @@ async def _run(
         await asyncio.wait(pending, timeout=35)
     for _, writer in kept.values():
         writer.close()
+    for transport in udp:
+        transport.close()
     return {
         "t0": t0_wall,
         "latency": quantiles(latencies),
@@ -682,6 +778,7 @@ def generator_spec(
         "keep_alive": args.keep_alive,
         "sessions": args.sessions,
         "full_every": args.full_every if args.heartbeats else 0.0,
+        "datagrams": args.datagrams,
         "out": str(stack.base / f"{name}.json"),
     }
 
@@ -1304,6 +1401,13 @@ def main() -> int:
         "--full-every s, as a real one does by default; without it, every status in full",
     )
     parser.add_argument(
+        "--datagrams",
+        action="store_true",
+        help="with --sessions --heartbeats: heartbeats as UDP datagrams to the port the "
+        "sessions offer (controller.heartbeat_datagrams), as a real sidecar sends them by "
+        "default; without it, over HTTP",
+    )
+    parser.add_argument(
         "--full-every",
         type=float,
         default=300.0,
@@ -1340,6 +1444,8 @@ def main() -> int:
     if args.generator:
         generate(json.loads(args.generator.read_text()))
         return 0
+    if args.datagrams and not (args.sessions and args.heartbeats):
+        parser.error("--datagrams needs --sessions and --heartbeats (a datagram is a heartbeat)")
     fill_stack_options(args, "scale", ports=PHANTOM_PORT_OFFSET + 1)
     nodes = args.nodes or ([100, 1000] if args.quick else [100, 1000, 10_000])
     args.duration = args.duration or (4.0 if args.quick else 30.0)
@@ -1387,6 +1493,12 @@ def main() -> int:
             f"heartbeats: each node's first status in full, then a heartbeat (POST "
             f"/v1/heartbeat, its condition's digest) for each unchanged status, and its status "
             f"in full every {args.full_every:g} s (staggered)"
+            + (
+                "; each heartbeat a UDP datagram signed in the session (contract.datagrams), "
+                "not an HTTP request"
+                if args.datagrams
+                else ""
+            )
             if args.heartbeats
             else "every status in full (POST /v1/evidence)"
         ),

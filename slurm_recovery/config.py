@@ -463,6 +463,15 @@ class ControllerConfig(_Section):
             "default: a finding within 3 periods of the last report; 0: off."
         ),
     ] = Duration.check(150)
+    heartbeat_datagrams: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Take sidecars' heartbeats as UDP datagrams on listen's port number "
+            "(signed in their session as over HTTP, answered signed; docs/security.md): a "
+            "quarter of the CPU of an HTTP heartbeat. A sidecar that hears no answer sends "
+            "over HTTP. Needs auth.sessions; false: heartbeats over HTTP only."
+        ),
+    ] = True
 
     @property
     def listen_host_port(self) -> tuple[str, int]:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from typing import Any
 
-from slurm_recovery.contract import munge, requests, sessions, status
+from slurm_recovery.contract import datagrams, munge, requests, sessions, status
+from slurm_recovery.contract.wire import WireError
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,10 @@ KEEP_ALIVE_IDLE = 90.0
 #: NAT between node and controller keeps the connection's state while it is idle, and a
 #: controller host gone without a word is found before the next report waits on it.
 TCP_KEEPALIVE = (30, 10, 3)
+#: Heartbeat datagrams unanswered (or refused) in a row after which heartbeats go over HTTP
+#: for :data:`DATAGRAMS_OFF` seconds (a firewall that drops UDP, a NAT that changes address).
+DATAGRAM_MISSES = 3
+DATAGRAMS_OFF = 3600.0
 
 
 def keep_tcp_alive(sock: socket.socket) -> None:
@@ -74,6 +79,7 @@ class _Session:
     key: bytes
     expires_at: float  # by this host's clock
     counter: int = 0
+    datagram_port: int | None = None  # where the controller takes heartbeat datagrams
 
 
 class ControllerClient:
@@ -87,12 +93,15 @@ class ControllerClient:
         ca_file: str | None = None,
         sessions: bool = False,
         keep_alive: bool = False,
+        datagrams: bool = False,
     ) -> None:
         """``insecure``: send no MUNGE credential (a controller started with
         --insecure-no-auth). ``ca_file``: the CAs trusted for an https:// ``url`` (None: the
         system's); the certificate and the host name are always verified. ``sessions``: sign a
         sidecar's requests in a session (one MUNGE credential per session, not per request).
-        ``keep_alive``: one connection for requests less than KEEP_ALIVE_IDLE apart."""
+        ``keep_alive``: one connection for requests less than KEEP_ALIVE_IDLE apart.
+        ``datagrams``: send heartbeats as UDP datagrams in the session when the controller
+        offers a port for them (contract.datagrams), over HTTP when it does not answer."""
         self.url = url.rstrip("/")
         self.keep_alive = keep_alive
         self._conn: HTTPConnection | None = None
@@ -107,6 +116,10 @@ class ControllerClient:
         self._session: _Session | None = None
         self._no_sessions_until = 0.0
         self._session_lock = threading.Lock()
+        self.datagrams = datagrams and self.sessions
+        self._udp: tuple[tuple[str, int], socket.socket] | None = None
+        self._datagram_misses = 0
+        self._datagrams_off_until = 0.0  # time.monotonic()
 
     def tls_context(self) -> ssl.SSLContext | None:
         if not self.url.startswith("https://"):
@@ -209,6 +222,8 @@ class ControllerClient:
             session_id = str(answer["session"])
             decoded = munge.decode(str(answer["key"]), socket=self.munge_socket)
             lifetime = float(answer["ttl"])
+            port = answer.get("datagram_port")
+            datagram_port = port if isinstance(port, int) and 0 < port < 65536 else None
             if len(decoded.payload) != sessions.KEY_BYTES:
                 raise ValueError(f"a key of {len(decoded.payload)} bytes")
         except (KeyError, TypeError, ValueError, munge.MungeError) as exc:
@@ -218,7 +233,7 @@ class ControllerClient:
             )
             self._no_sessions_until = now + NO_SESSIONS_RETRY
             return None
-        session = _Session(session_id, decoded.payload, now + lifetime)
+        session = _Session(session_id, decoded.payload, now + lifetime, 0, datagram_port)
         with self._session_lock:
             self._session = session
         return session
@@ -321,9 +336,12 @@ class ControllerClient:
             self._conn = None
 
     def close(self) -> None:
-        """Close the kept connection (a new request opens another)."""
+        """Close the kept connection (a new request opens another) and the datagram socket."""
         with self._conn_lock:
             self._close()
+            if self._udp is not None:
+                self._udp[1].close()
+                self._udp = None
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
@@ -338,4 +356,80 @@ class ControllerClient:
         """A sidecar's "nothing changed since the status you hold" (contract.status): the
         controller's answer, ``{"status": "held"}`` or ``{"status": "wanted"}``."""
         body = status.heartbeat_body(node, digest)
+        if self.datagrams and time.monotonic() >= self._datagrams_off_until:
+            answered = self._heartbeat_datagram(node, body)
+            if answered is not None:
+                return {"status": answered}
         return self.request("POST", status.HEARTBEAT_PATH, body, role="sidecar", node=node)
+
+    def _heartbeat_datagram(self, node: str, body: bytes) -> str | None:
+        """The controller's answer to the heartbeat ``body`` sent as a datagram in the session
+        (contract.datagrams); None: send it over HTTP (no session, no port offered, no answer
+        within ANSWER_WAIT, a refusal, or datagrams off after DATAGRAM_MISSES misses)."""
+        try:
+            session = self._session_for(node)
+        except ClientError:
+            return None  # the HTTP request says why
+        host = urllib.parse.urlsplit(self.url).hostname
+        if session is None or session.datagram_port is None or not host:
+            return None
+        with self._session_lock:
+            session.counter += 1
+            counter = session.counter
+        authorization = datagrams.sign(
+            session.id, session.key, body, now=time.time(), counter=counter
+        )
+        try:
+            sock = self._datagram_socket(host, session.datagram_port)
+            sock.send(datagrams.encode(authorization, body))
+            deadline = time.monotonic() + datagrams.ANSWER_WAIT
+            while True:
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                data = sock.recv(4096)
+                try:
+                    answered = datagrams.read_answer(data, session.key, authorization)
+                except WireError:  # a late answer to an earlier datagram, or not the controller
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError from None
+                    continue
+                self._datagram_misses = 0
+                return answered
+        except datagrams.DatagramRefused as exc:
+            if str(exc).startswith(sessions.REFUSAL):
+                self._forget(session)  # the HTTP request opens another
+            self._datagram_missed(f"refused: {exc}")
+        except OSError as exc:  # TimeoutError included: no answer
+            self._datagram_missed(str(exc) or type(exc).__name__)
+        return None
+
+    def _datagram_socket(self, host: str, port: int) -> socket.socket:
+        """The UDP socket connected to the controller's heartbeat port (only its datagrams
+        come back through it)."""
+        if self._udp is not None and self._udp[0] == (host, port):
+            return self._udp[1]
+        if self._udp is not None:
+            self._udp[1].close()
+            self._udp = None
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.connect(address)
+        except OSError:
+            sock.close()
+            raise
+        self._udp = ((host, port), sock)
+        return sock
+
+    def _datagram_missed(self, why: str) -> None:
+        self._datagram_misses += 1
+        log.info("heartbeat datagram not answered (%s): sent over HTTP", why)
+        if self._datagram_misses >= DATAGRAM_MISSES:
+            self._datagram_misses = 0
+            self._datagrams_off_until = time.monotonic() + DATAGRAMS_OFF
+            log.warning(
+                "%d heartbeat datagrams in a row not answered (last: %s): heartbeats over HTTP "
+                "for %.0f s (is UDP to the controller's port open?)",
+                DATAGRAM_MISSES,
+                why,
+                DATAGRAMS_OFF,
+            )

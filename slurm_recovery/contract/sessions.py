@@ -151,7 +151,7 @@ class SessionTable:
         for session in [s for s in self._by_id.values() if s.expires_at <= now]:
             self._forget(session)
 
-    def verify(
+    def verify_session(
         self,
         header: str,
         method: str,
@@ -162,9 +162,10 @@ class SessionTable:
         now: float,
         max_age: float,
         skew: float,
-    ) -> Principal:
-        """The session's principal, or AuthError(401) saying why not (always starting with
-        REFUSAL, so that the client knows to open a new session)."""
+    ) -> Session:
+        """The session that signed the request (its principal speaks; its key signs a
+        datagram's answer), or AuthError(401) saying why not (always starting with REFUSAL, so
+        that the client knows to open a new session)."""
         match = _HEADER.fullmatch(header.strip())
         if match is None:
             raise AuthError(
@@ -205,4 +206,4 @@ class SessionTable:
                     f"{session.last_counter})",
                 )
             session.last_counter = counter
-            return session.principal
+            return session

@@ -161,6 +161,8 @@ def main(config_path: Path | None, insecure_no_auth: bool) -> None:
         loop_name,
     )
     app = controller.app()
+    app.on_startup.append(controller.open_heartbeat_port)
+    app.on_cleanup.append(controller.close_heartbeat_port)
     app.on_startup.append(settle_gc)  # after the controller's own start-up
     systemd.install(app, host, port)
     web.run_app(

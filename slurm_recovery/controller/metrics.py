@@ -83,6 +83,16 @@ class Metrics:
         )
         for answer in ("held", "wanted"):
             self.heartbeats.labels(answer)
+        self.heartbeat_datagrams = Counter(
+            "srecovery_heartbeat_datagrams",
+            "Heartbeat datagrams (UDP): answered (counted in srecovery_heartbeats too), refused "
+            "(a session refusal, counted in srecovery_ingest_rejects), or dropped unanswered "
+            "(not a heartbeat)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("answered", "refused", "dropped"):
+            self.heartbeat_datagrams.labels(outcome)
         self.ingest_rejects = Counter(
             "srecovery_ingest_rejects",
             "Requests rejected, by HTTP status",

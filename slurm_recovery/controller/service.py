@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from slurm_recovery import __version__
 from slurm_recovery.auth import authorize
 from slurm_recovery.config import Config
-from slurm_recovery.contract import hostlist, munge, requests, sessions
+from slurm_recovery.contract import datagrams, hostlist, munge, requests, sessions
 from slurm_recovery.contract.status import (
     HEARTBEAT_PATH,
     HELD,
@@ -38,7 +38,7 @@ from slurm_recovery.contract.status import (
     status_condition,
 )
 from slurm_recovery.contract.wire import WireError, parse_batch
-from slurm_recovery.controller import audit_api, operator_api, read_api, views
+from slurm_recovery.controller import audit_api, datagram_port, operator_api, read_api, views
 from slurm_recovery.controller.checkpointer import Checkpointer
 from slurm_recovery.controller.loop import Reconciler, StepDone
 from slurm_recovery.controller.metrics import Metrics, ReadAtScrape
@@ -206,6 +206,13 @@ class Controller:
         # bound once: a heartbeat is most requests, and labels() takes a lock and a look-up
         self._heartbeats_held = self.metrics.heartbeats.labels("held")
         self._heartbeats_wanted = self.metrics.heartbeats.labels("wanted")
+        self._datagrams = {
+            outcome: self.metrics.heartbeat_datagrams.labels(outcome)
+            for outcome in ("answered", "refused", "dropped")
+        }
+        #: the UDP port taking heartbeat datagrams (open_heartbeat_port); None: not open
+        self.datagram_port: int | None = None
+        self._datagram_transport: asyncio.DatagramTransport | None = None
         self.ingest = _Worker("srecovery-ingest", config.store.path)
         self.loop_worker = _Worker("srecovery-loop", config.store.path)
         self.checkpointer = Checkpointer(config.store.path)
@@ -407,7 +414,7 @@ class Controller:
                     f"{sessions.REFUSAL}s are off here (auth.sessions = false): sign each "
                     "request with MUNGE",
                 )
-            return self.sessions.verify(
+            session = self.sessions.verify_session(
                 str(header),
                 request.method,
                 request.raw_path,
@@ -417,6 +424,7 @@ class Controller:
                 max_age=self.config.auth.max_age,
                 skew=requests.DEFAULT_SKEW,
             )
+            return session.principal
         return requests.verify(
             request.headers,
             request.method,
@@ -494,26 +502,82 @@ class Controller:
             else:
                 principal = await self.ingest.run(self._principal, request, body)
             node, digest = parse_heartbeat(body)
-            if principal.role != "sidecar":
-                raise requests.AuthError(
-                    403, f"a {principal.role} credential may not send heartbeats: sidecars only"
-                )
-            if not self.insecure:
-                event = {"node": node, "kind": STATUS_KIND}
-                authorize.authorize_evidence(
-                    principal, [event], self.node_addresses, self.operators
-                )
+            held = self._heard(principal, node, digest)
         except requests.AuthError as err:
             return self._refuse(err)
         except WireError as err:
             self.metrics.ingest_rejects.labels("400").inc()
             return web.json_response({"error": str(err)}, status=400)
-        held = self.reports.beat(node, digest, time.time())
-        (self._heartbeats_held if held else self._heartbeats_wanted).inc()
         self.metrics.ingest_latency.observe(time.monotonic() - started)
         return web.Response(
             body=HELD_ANSWER if held else WANTED_ANSWER, content_type="application/json"
         )
+
+    def _heard(self, principal: requests.Principal, node: str, digest: str) -> bool:
+        """A checked heartbeat: the node is heard when ``principal`` may speak for it (else
+        AuthError); True when the report held for it has the condition ``digest``."""
+        if principal.role != "sidecar":
+            raise requests.AuthError(
+                403, f"a {principal.role} credential may not send heartbeats: sidecars only"
+            )
+        if not self.insecure:
+            event = {"node": node, "kind": STATUS_KIND}
+            authorize.authorize_evidence(principal, [event], self.node_addresses, self.operators)
+        held = self.reports.beat(node, digest, time.time())
+        (self._heartbeats_held if held else self._heartbeats_wanted).inc()
+        return held
+
+    def heartbeat_datagram(self, data: bytes, peer: str) -> bytes | None:
+        """A heartbeat datagram from ``peer`` (contract.datagrams) -> its answer, checked as
+        the HTTP heartbeat is, on the event loop (an HMAC and a look-up); None, and no answer,
+        for a datagram that is not a session-signed heartbeat."""
+        started = time.monotonic()
+        try:
+            authorization, body = datagrams.decode(data)
+            node, digest = parse_heartbeat(body)
+        except WireError:
+            self._datagrams["dropped"].inc()
+            return None
+        try:
+            if self.sessions is None:
+                raise requests.AuthError(401, f"{sessions.REFUSAL}s are off here")
+            session = self.sessions.verify_session(
+                authorization,
+                datagrams.METHOD,
+                HEARTBEAT_PATH,
+                body,
+                peer=peer,
+                now=time.time(),
+                max_age=self.config.auth.max_age,
+                skew=requests.DEFAULT_SKEW,
+            )
+            held = self._heard(session.principal, node, digest)
+        except requests.AuthError as err:
+            self._datagrams["refused"].inc()
+            self.metrics.ingest_rejects.labels(str(err.status)).inc()
+            log.info("refused a heartbeat datagram from %s: %s", peer, err)
+            return datagrams.refusal(err.reason, len(data))
+        self._datagrams["answered"].inc()
+        self.metrics.ingest_latency.observe(time.monotonic() - started)
+        return datagrams.answer(session.key, authorization, HELD if held else WANTED)
+
+    async def open_heartbeat_port(self, app: web.Application) -> None:
+        """Take heartbeat datagrams on the HTTP port's number over UDP (controller.
+        heartbeat_datagrams), when sessions are on: a port that cannot be bound is logged and
+        the sidecars keep to HTTP (the session's answer offers no port)."""
+        if not self.config.controller.heartbeat_datagrams or self.sessions is None or self.insecure:
+            return
+        host, port = self.config.controller.listen_host_port
+        opened = await datagram_port.open_port(host, port, self.heartbeat_datagram)
+        if opened is not None:
+            self._datagram_transport, self.datagram_port = opened
+            log.info("heartbeat datagrams on UDP port %d", self.datagram_port)
+
+    async def close_heartbeat_port(self, app: web.Application) -> None:
+        if self._datagram_transport is not None:
+            self._datagram_transport.close()
+            self._datagram_transport = None
+            self.datagram_port = None
 
     def _queue_full(self, length: int | None) -> str:
         """Why a new evidence request of ``length`` bytes (None: not said, so as large as
@@ -573,6 +637,7 @@ class Controller:
             "key": key,
             "expires_at": session.expires_at,
             "ttl": self.sessions.ttl,
+            **({"datagram_port": self.datagram_port} if self.datagram_port else {}),
         }
 
     def _checked_here(self, request: web.Request, body: bytes) -> Checked | None:

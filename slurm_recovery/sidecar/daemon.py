@@ -533,6 +533,7 @@ def main(config_path: Path | None, node: str | None, once: bool, insecure_no_aut
         ca_file=config.client.ca_file or None,
         sessions=config.auth.sessions,
         keep_alive=True,  # one connection through the status period (client.KEEP_ALIVE_IDLE)
+        datagrams=True,  # heartbeats as datagrams where the controller offers a port for them
     )
     sender = Sender(outbox, client, node, side.batch_max_events)
     from slurm_recovery.scheduler.scontrol import ScontrolScheduler

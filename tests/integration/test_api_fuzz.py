@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import sqlite3
 import tempfile
 import time
@@ -21,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurm_recovery import devstack, localcluster
-from slurm_recovery.contract import requests
-from slurm_recovery.contract.status import HEARTBEAT_PATH
+from slurm_recovery.contract import datagrams, requests
+from slurm_recovery.contract.status import HEARTBEAT_PATH, heartbeat_body
 from slurm_recovery.contract.wire import EVENT_FIELDS, MAX_EVENTS, event_to_json
 from slurm_recovery.scheduler.scontrol import ScontrolScheduler
 from tests.conftest import _free_port_block
@@ -140,6 +141,62 @@ def test_random_heartbeats_are_refused_cleanly(api, body):
     before = api.stored()
     status, answer = api.send("POST", HEARTBEAT_PATH, body)
     refused_cleanly(api, status, answer, before)
+    assert api.alive()
+
+
+session_headers = st.builds(
+    lambda sid, t, n, mac: f"SRSession id={sid},t={t},n={n},mac={mac}",
+    st.text("0123456789abcdef", min_size=32, max_size=32),
+    st.floats(min_value=0, max_value=4e9).map(lambda t: f"{t:.3f}"),
+    st.integers(min_value=0, max_value=10**17),
+    st.text("0123456789abcdef", min_size=64, max_size=64),
+)
+heartbeat_bodies = (
+    st.binary(max_size=600)
+    | st.builds(
+        heartbeat_body,
+        st.sampled_from(["n1", "n2", "nosuch"]),
+        st.text("0123456789abcdef", min_size=64, max_size=64),
+    )
+    | st.builds(
+        lambda node, condition: json.dumps({"node": node, "condition": condition}).encode(),
+        hostile_text | json_values,
+        hostile_text | json_values,
+    )
+)
+
+
+@FUZZ
+@given(
+    data=st.binary(max_size=1500)
+    | st.builds(lambda rest: datagrams.MAGIC + rest, st.binary(max_size=900))
+    | st.builds(
+        lambda header, body: datagrams.MAGIC + header.encode("utf-8", "replace") + b"\n" + body,
+        session_headers | hostile_text,
+        heartbeat_bodies,
+    )
+    | st.builds(  # well formed but in no session: refused
+        lambda header, node: datagrams.encode(header, heartbeat_body(node, "0" * 64)),
+        session_headers,
+        st.sampled_from(["n1", "n2"]),
+    )
+)
+def test_random_heartbeat_datagrams_are_dropped_or_refused_cleanly(api, data):
+    """The heartbeat port (UDP, listen's port number) takes nothing but a session-signed
+    heartbeat: anything else is dropped unanswered or refused (no session matches) in an
+    answer never longer than the datagram; nothing stored, the controller alive."""
+    before = api.stored()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(0.1)  # an answer comes in about a millisecond
+        sock.sendto(data, ("127.0.0.1", api.port))
+        try:
+            answer = sock.recv(65536)
+        except TimeoutError:
+            answer = None
+    if answer is not None:
+        assert len(answer) <= len(data), (data, answer)
+        assert json.loads(answer)["error"].startswith("session"), answer
+    assert api.stored() == before
     assert api.alive()
 
 

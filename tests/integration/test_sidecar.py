@@ -332,4 +332,9 @@ def test_a_quiet_sidecars_status_is_state_not_a_growing_history(quick_stack):
         metrics = resp.read().decode()
     held = re.search(r'srecovery_heartbeats_total\{answer="held"\} ([0-9.]+)', metrics)
     assert held and float(held.group(1)) >= 5, metrics[-3000:]
+    # sent as datagrams (contract.datagrams), the controller's default, each one answered
+    by_datagram = re.search(
+        r'srecovery_heartbeat_datagrams_total\{outcome="answered"\} ([0-9.]+)', metrics
+    )
+    assert by_datagram and float(by_datagram.group(1)) >= 5, metrics[-3000:]
     assert shown["readings_at"] < shown["last_report"], shown

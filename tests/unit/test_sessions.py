@@ -47,7 +47,10 @@ def check(
     path: str = "/v1/evidence",
     method: str = "POST",
 ) -> Principal:
-    return table.verify(header, method, path, body, peer=peer, now=now, max_age=60, skew=5)
+    session = table.verify_session(
+        header, method, path, body, peer=peer, now=now, max_age=60, skew=5
+    )
+    return session.principal
 
 
 def refused(table: sessions.SessionTable, header: str, **kw) -> str:
