@@ -467,8 +467,8 @@ class ControllerConfig(_Section):
         bool,
         msgspec.Meta(
             description="Take sidecars' heartbeats as UDP datagrams on listen's port number "
-            "(signed in their session as over HTTP, answered signed; docs/security.md): a "
-            "quarter of the CPU of an HTTP heartbeat. A sidecar that hears no answer sends "
+            "(signed in their session as over HTTP, answered signed; docs/security.md): about "
+            "half the controller's CPU of an HTTP heartbeat. A sidecar that hears no answer sends "
             "over HTTP. Needs auth.sessions; false: heartbeats over HTTP only."
         ),
     ] = True

@@ -33,13 +33,15 @@ NO_SESSIONS_RETRY = 600.0
 #: A session is renewed this long before the controller's expiry.
 RENEW_MARGIN = 60.0
 #: A kept-alive connection idle this long is closed before the next request, and a new one
-#: opened. Longer than the sidecar's default status period (a minute), so a sidecar's statuses
-#: and the findings between them all go on one connection: when every node of a fabric
-#: reports at once, 10,000 requests on open connections are answered in about 1.2 s (p99),
-#: on 10,000 new ones in 2.4-2.9 s (docs/performance.md, "The burst on kept connections").
-#: Well inside the controller's own idle limit (controller.KEEPALIVE_TIMEOUT), so a request
-#: never meets a connection the controller is closing.
-KEEP_ALIVE_IDLE = 90.0
+#: opened. Longer than the sidecar's default full-status interval (5 min) and one status
+#: period (heartbeats go as datagrams between full statuses, so those are what use the
+#: connection), so a sidecar's statuses and the findings between them all go on one
+#: connection: when every node of a fabric reports at once, 10,000 requests on open
+#: connections are answered in about 1.2 s (p99), on 10,000 new ones in 2.4-2.9 s
+#: (docs/performance.md, "The burst on kept connections"). Well inside the controller's own
+#: idle limit (controller.KEEPALIVE_TIMEOUT), so a request never meets a connection the
+#: controller is closing.
+KEEP_ALIVE_IDLE = 420.0
 #: TCP keepalive on a kept connection (seconds idle, between probes, probes): a firewall or
 #: NAT between node and controller keeps the connection's state while it is idle, and a
 #: controller host gone without a word is found before the next report waits on it.

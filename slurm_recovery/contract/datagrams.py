@@ -4,7 +4,8 @@ Why: on a quiet cluster nearly every report is a heartbeat (contract.status), an
 most of what one costs the controller is the HTTP server itself (aiohttp, the event loop's
 transports, the socket calls: about 0.2 ms of CPU a request here), not the HMAC and the
 dictionary look-up that answer it. One datagram and its answer cost about a quarter of that
-(docs/performance.md, "Heartbeats by datagram").
+floor alone, and a report at 10,000 nodes every 10 s about half its CPU over HTTP (0.15-0.18
+ms against 0.25-0.32: docs/performance.md, "Heartbeats by datagram").
 
 A sidecar in a session (contract.sessions) whose controller offered a datagram port (the
 session's ``datagram_port``) sends each heartbeat to that UDP port as::

@@ -44,11 +44,12 @@ FAILPOINT_ENV = "SRECOVERY_FAILPOINT"
 GC_YOUNG_THRESHOLD = 50_000
 
 #: Seconds an idle kept-alive connection stays open (aiohttp's default is 75 s). Past the
-#: sidecar's own limit (contract.client.KEEP_ALIVE_IDLE, 90 s: longer than its one-minute
-#: status period), so the sidecar, not the controller, closes a connection it stopped using,
-#: and never sends on one the controller is closing. 10,000 sidecars hold 10,000 connections:
-#: the service's LimitNOFILE is 65,536.
-KEEPALIVE_TIMEOUT = 150.0
+#: sidecar's own limit (contract.client.KEEP_ALIVE_IDLE, 420 s: longer than its five-minute
+#: full-status interval and a status period, the heartbeats between going as datagrams), so
+#: the sidecar, not the controller, closes a connection it stopped using, and never sends on
+#: one the controller is closing. 10,000 sidecars hold 10,000 connections: the service's
+#: LimitNOFILE is 65,536.
+KEEPALIVE_TIMEOUT = 480.0
 
 #: ``auto`` (the default): uvloop where it is installed, else asyncio's own loop; ``asyncio``
 #: or ``uvloop`` to insist (docs/troubleshooting.md).

@@ -16,7 +16,7 @@ import pytest
 from slurm_recovery.contract import client as client_module
 from slurm_recovery.contract.client import ClientError, ControllerClient
 from slurm_recovery.controller import KEEPALIVE_TIMEOUT
-from slurm_recovery.sidecar.daemon import STATUS_INTERVAL
+from slurm_recovery.sidecar.daemon import FULL_STATUS_INTERVAL, STATUS_INTERVAL
 
 
 class Server(ThreadingHTTPServer):
@@ -177,11 +177,14 @@ def test_a_cli_connection_is_not_kept_and_not_probed(server: Server):
     assert client._conn is None
 
 
-def test_a_connection_outlives_the_status_period_and_the_controller_outlives_it():
-    """The sidecar reports once a minute: its connection must still be open at the next
-    report (the client's idle limit is longer), and the controller must not be the side that
-    closes it (its idle limit is longer still), so no report meets a closing connection."""
-    assert STATUS_INTERVAL < client_module.KEEP_ALIVE_IDLE < KEEPALIVE_TIMEOUT
+def test_a_connection_outlives_the_full_status_interval_and_the_controller_outlives_it():
+    """With heartbeats as datagrams, the sidecar's connection carries a full status every
+    five minutes (and the findings between): it must still be open at the next one, a status
+    period late included (the client's idle limit is longer), and the controller must not be
+    the side that closes it (its idle limit is longer still), so no report meets a closing
+    connection, and a fabric-wide burst of findings goes on open connections."""
+    longest_quiet = FULL_STATUS_INTERVAL + STATUS_INTERVAL
+    assert longest_quiet < client_module.KEEP_ALIVE_IDLE < KEEPALIVE_TIMEOUT
     assert client_module.TCP_KEEPALIVE[0] < client_module.KEEP_ALIVE_IDLE
 
 
