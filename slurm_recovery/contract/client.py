@@ -225,7 +225,7 @@ class ControllerClient:
             decoded = munge.decode(str(answer["key"]), socket=self.munge_socket)
             lifetime = float(answer["ttl"])
             port = answer.get("datagram_port")
-            datagram_port = port if isinstance(port, int) and 0 < port < 65536 else None
+            datagram_port = port if type(port) is int and 0 < port < 65536 else None
             if len(decoded.payload) != sessions.KEY_BYTES:
                 raise ValueError(f"a key of {len(decoded.payload)} bytes")
         except (KeyError, TypeError, ValueError, munge.MungeError) as exc:
