@@ -180,13 +180,22 @@ class ControllerClient:
             raise ClientError(0, f"cannot sign the request with MUNGE: {exc}") from exc
 
     def _signed_in(self, session: _Session, method: str, path: str, body: bytes) -> dict[str, str]:
-        with self._session_lock:
-            session.counter += 1
-            counter = session.counter
         value = sessions.authorization(
-            session.id, session.key, method, path, body, now=time.time(), counter=counter
+            session.id,
+            session.key,
+            method,
+            path,
+            body,
+            now=time.time(),
+            counter=self._next_counter(session),
         )
         return {"Authorization": value}
+
+    def _next_counter(self, session: _Session) -> int:
+        """The counter of the session's next request, HTTP or datagram (one sequence)."""
+        with self._session_lock:
+            session.counter += 1
+            return session.counter
 
     def _forget(self, session: _Session) -> None:
         with self._session_lock:
@@ -375,11 +384,8 @@ class ControllerClient:
         host = urllib.parse.urlsplit(self.url).hostname
         if session is None or session.datagram_port is None or not host:
             return None
-        with self._session_lock:
-            session.counter += 1
-            counter = session.counter
         authorization = datagrams.sign(
-            session.id, session.key, body, now=time.time(), counter=counter
+            session.id, session.key, body, now=time.time(), counter=self._next_counter(session)
         )
         try:
             sock = self._datagram_socket(host, session.datagram_port)

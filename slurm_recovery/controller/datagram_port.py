@@ -46,11 +46,9 @@ class HeartbeatPort(asyncio.DatagramProtocol):
         log.debug("heartbeat port: %s", exc)
 
 
-async def open_port(
-    host: str, port: int, answer: Answer
-) -> tuple[asyncio.DatagramTransport, int] | None:
-    """Bind ``host``:``port`` over UDP for heartbeat datagrams: (transport, the port bound),
-    or None, logged, when it cannot be bound (the sidecars keep to HTTP)."""
+async def open_port(host: str, port: int, answer: Answer) -> asyncio.DatagramTransport | None:
+    """Bind ``host``:``port`` over UDP for heartbeat datagrams: the transport, or None,
+    logged, when it cannot be bound (the sidecars keep to HTTP)."""
     loop = asyncio.get_running_loop()
     try:
         transport, _ = await loop.create_datagram_endpoint(
@@ -70,4 +68,4 @@ async def open_port(
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
     except OSError as exc:
         log.debug("heartbeat port: receive buffer left as it is (%s)", exc)
-    return transport, int(sock.getsockname()[1])
+    return cast(asyncio.DatagramTransport, transport)

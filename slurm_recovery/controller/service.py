@@ -210,8 +210,7 @@ class Controller:
             outcome: self.metrics.heartbeat_datagrams.labels(outcome)
             for outcome in ("answered", "refused", "dropped")
         }
-        #: the UDP port taking heartbeat datagrams (open_heartbeat_port); None: not open
-        self.datagram_port: int | None = None
+        #: the UDP endpoint taking heartbeat datagrams (open_heartbeat_port); None: not open
         self._datagram_transport: asyncio.DatagramTransport | None = None
         self.ingest = _Worker("srecovery-ingest", config.store.path)
         self.loop_worker = _Worker("srecovery-loop", config.store.path)
@@ -408,21 +407,8 @@ class Controller:
             return requests.Principal(uid=0, gid=0, origin="", role=role, node=None)
         header = request.headers.get("Authorization")
         if sessions.is_session(header):
-            if self.sessions is None:
-                raise requests.AuthError(
-                    401,
-                    f"{sessions.REFUSAL}s are off here (auth.sessions = false): sign each "
-                    "request with MUNGE",
-                )
-            session = self.sessions.verify_session(
-                str(header),
-                request.method,
-                request.raw_path,
-                body,
-                peer=request.remote,
-                now=time.time(),
-                max_age=self.config.auth.max_age,
-                skew=requests.DEFAULT_SKEW,
+            session = self._session_of(
+                str(header), request.method, request.raw_path, body, request.remote
             )
             return session.principal
         return requests.verify(
@@ -434,6 +420,28 @@ class Controller:
             max_age=self.config.auth.max_age,
             now=time.time(),
             seen=self.replays,
+        )
+
+    def _session_of(
+        self, header: str, method: str, path: str, body: bytes, peer: str | None
+    ) -> sessions.Session:
+        """The session that signed this request (HTTP or datagram), or AuthError saying why
+        not."""
+        if self.sessions is None:
+            raise requests.AuthError(
+                401,
+                f"{sessions.REFUSAL}s are off here (auth.sessions = false): sign each "
+                "request with MUNGE",
+            )
+        return self.sessions.verify_session(
+            header,
+            method,
+            path,
+            body,
+            peer=peer,
+            now=time.time(),
+            max_age=self.config.auth.max_age,
+            skew=requests.DEFAULT_SKEW,
         )
 
     def _refuse(self, err: requests.AuthError) -> web.Response:
@@ -539,18 +547,7 @@ class Controller:
             self._datagrams["dropped"].inc()
             return None
         try:
-            if self.sessions is None:
-                raise requests.AuthError(401, f"{sessions.REFUSAL}s are off here")
-            session = self.sessions.verify_session(
-                authorization,
-                datagrams.METHOD,
-                HEARTBEAT_PATH,
-                body,
-                peer=peer,
-                now=time.time(),
-                max_age=self.config.auth.max_age,
-                skew=requests.DEFAULT_SKEW,
-            )
+            session = self._session_of(authorization, datagrams.METHOD, HEARTBEAT_PATH, body, peer)
             held = self._heard(session.principal, node, digest)
         except requests.AuthError as err:
             self._datagrams["refused"].inc()
@@ -568,16 +565,23 @@ class Controller:
         if not self.config.controller.heartbeat_datagrams or self.sessions is None or self.insecure:
             return
         host, port = self.config.controller.listen_host_port
-        opened = await datagram_port.open_port(host, port, self.heartbeat_datagram)
-        if opened is not None:
-            self._datagram_transport, self.datagram_port = opened
+        self._datagram_transport = await datagram_port.open_port(
+            host, port, self.heartbeat_datagram
+        )
+        if self._datagram_transport is not None:
             log.info("heartbeat datagrams on UDP port %d", self.datagram_port)
 
     async def close_heartbeat_port(self, app: web.Application) -> None:
         if self._datagram_transport is not None:
             self._datagram_transport.close()
             self._datagram_transport = None
-            self.datagram_port = None
+
+    @property
+    def datagram_port(self) -> int | None:
+        """The UDP port taking heartbeat datagrams; None when none is open."""
+        if self._datagram_transport is None:
+            return None
+        return int(self._datagram_transport.get_extra_info("sockname")[1])
 
     def _queue_full(self, length: int | None) -> str:
         """Why a new evidence request of ``length`` bytes (None: not said, so as large as

@@ -148,5 +148,10 @@ def test_a_controller_without_heartbeat_datagrams_keeps_heartbeats_on_http(
     assert client.post_heartbeat(NODE, payload_digest(QUIET)) == {"status": "held"}
     assert time.monotonic() - started < datagrams.ANSWER_WAIT  # no wait for a datagram
     assert metric(stack.url, "srecovery_heartbeat_datagrams_total", 'outcome="answered"') == 0
-    # and nothing listens on the UDP port
-    assert exchange(port, b"hello", wait=0.3) is None
+    # and nothing listens on the UDP port: a datagram signed in the session, which an open
+    # port would answer (held), gets no answer
+    session = client._session
+    body = heartbeat_body(NODE, payload_digest(QUIET))
+    session.counter += 1
+    signed = datagrams.sign(session.id, session.key, body, now=time.time(), counter=session.counter)
+    assert exchange(port, datagrams.encode(signed, body), wait=0.3) is None
