@@ -103,7 +103,7 @@ REAL_LINES = [
     ),
     (
         "gpu05:2211:2290 [3] NCCL WARN NET/IB : Got async event : port error",
-        "nccl.ib_port_error",
+        "nccl.ib_async_event",
         "https://github.com/NVIDIA/nccl/issues/905",
     ),
     (
