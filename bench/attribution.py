@@ -355,8 +355,8 @@ def coverage_table() -> list[str]:
     catalogue = default_catalogue()
     rows = [
         "| emitter (table) | source | members | classified | read as classified | "
-        "read otherwise | not recognised |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "read otherwise | not recognised | other forms (read as their member) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     notes = []
     for table in catalogue.emitters:
@@ -364,11 +364,14 @@ def coverage_table() -> list[str]:
         rows.append(
             f"| {table.emitter} (`{table.name}`) | {table.source.split(':')[0]} | "
             f"{len(table.members)} | {len(c.classified)} | {c.agree} | {len(c.disagree)} | "
-            f"{len(c.unrecognised)} |"
+            f"{len(c.unrecognised)} | "
+            + (f"{c.forms} ({c.forms - len(c.forms_misread)}) |" if c.forms else "- |")
         )
         notes += [f"- `{table.name}` `{m.name}`: unclassified ({m.note})" for m in c.unclassified]
         notes += [f"- `{table.name}` `{name}`: read as {got}" for name, got in c.disagree.items()]
         notes += [f"- `{table.name}` `{name}`: not recognised" for name in c.unrecognised]
+        misread = c.forms_misread.items()
+        notes += [f"- `{table.name}` form `{f}`: read as {got}" for f, got in misread]
     return rows + [""] + (notes or ["- none"])
 
 

@@ -5,15 +5,17 @@ example line; the catalogue scans it (as ``explain-log --nodes n1`` would for a 
 blames its node, as ``explain-log`` would for any other: the line alone, not a one-node job's
 context) and its verdict either agrees with the member (same action, same class unless nothing
 is to be done, a node blamed exactly when the member blames it), disagrees, or recognises
-nothing. ``docs/signatures.md``'s
-coverage table is this, printed by ``python -m bench.attribution --coverage``."""
+nothing. A member's other formats (``forms``: its family's other call sites, other releases'
+words) are each printed with values of their kinds and must be looked up as that member.
+``docs/signatures.md``'s coverage table is this, printed by ``python -m bench.attribution
+--coverage``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from slurm_recovery.signals.emitters import EmitterTable, Member
+from slurm_recovery.signals.emitters import CONVERSION, EmitterTable, Member
 from slurm_recovery.signals.logs import LogVerdict, SignatureCatalogue, classify
 
 #: The node a member's example is read on (a one-node job).
@@ -29,6 +31,10 @@ class Coverage:
     disagree: Mapping[str, str]
     #: classified members whose example the catalogue does not recognise at all
     unrecognised: tuple[str, ...]
+    #: every member's other formats, counted
+    forms: int = 0
+    #: a form -> the member it was looked up as instead of its own ("nothing": no member)
+    forms_misread: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def classified(self) -> tuple[Member, ...]:
@@ -65,6 +71,15 @@ def mismatch(member: Member, verdict: LogVerdict) -> str:
     return ""
 
 
+#: what a printf conversion prints in :func:`form_line`, by its conversion character
+_FILL = {**dict.fromkeys("diouxXc", "7"), **dict.fromkeys("eEfgGaA", "1.5"), "p": "0x7f3a2c0040"}
+
+
+def form_line(form: str) -> str:
+    """A line ``form`` prints, each conversion given a value of its kind (a word for ``%s``)."""
+    return CONVERSION.sub(lambda m: _FILL.get(m.group(0)[-1], "mlx5_0"), form.replace("%%", "%"))
+
+
 def coverage(table: EmitterTable, catalogue: SignatureCatalogue) -> Coverage:
     disagree: dict[str, str] = {}
     unrecognised: list[str] = []
@@ -79,4 +94,10 @@ def coverage(table: EmitterTable, catalogue: SignatureCatalogue) -> Coverage:
         wrong = mismatch(member, verdict)
         if wrong:
             disagree[member.name] = wrong
-    return Coverage(table, disagree, tuple(unrecognised))
+    forms = [(member, form) for member in table.members for form in member.forms]
+    misread: dict[str, str] = {}
+    for member, form in forms:
+        got = catalogue.emitters.lookup([table.name], form_line(form))
+        if got is not member:
+            misread[form] = got.name if got is not None else "nothing"
+    return Coverage(table, disagree, tuple(unrecognised), len(forms), misread)

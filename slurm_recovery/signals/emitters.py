@@ -61,6 +61,7 @@ class MemberEntry(
     note: str = ""
     message: str = ""
     value: int | None = None
+    forms: tuple[str, ...] = ()
 
 
 class TableEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -84,6 +85,9 @@ class Member:
     note: str = ""
     message: str = ""
     value: int | None = None
+    #: the member's other printf formats (its family's other call sites, other releases'
+    #: words), read as it is: found in a line by their literal parts, as ``message`` is
+    forms: tuple[str, ...] = ()
 
     @property
     def classified(self) -> bool:
@@ -113,7 +117,7 @@ def _normal(text: str) -> str:
 #: A printf conversion in a message (``%s``, ``%lu``, ``%#x``, glibc's ``%m``, the kernel's
 #: ``%pV``, Slurm's ``%ps``, ``%"PRIu64"``): the message is a format, and what a conversion
 #: printed can be anything.
-_CONVERSION = re.compile(
+CONVERSION = re.compile(
     r"%\"PRI\w{1,8}\"|%[-+ #0']{0,4}(?:\d{1,3}|\*)?(?:\.(?:\d{1,3}|\*))?(?:hh|h|ll|l|z|j|t|L|q)?"
     r"(?:p(?:[A-Z][A-Za-z0-9]{0,2}|[a-z](?![a-z]))?|[diouxXeEfgGaAcsnm])"
 )
@@ -127,7 +131,7 @@ def literal_pieces(message: str) -> tuple[str, ...]:
     case and with spacing normalised (empty when together they are shorter than
     :data:`MIN_LITERAL`). A message of several lines is printed, and scanned, line by line."""
     first = message.replace("%%", "%").split("\n", 1)[0]
-    pieces = [" ".join(p.split()).lower() for p in _CONVERSION.split(first)]
+    pieces = [" ".join(p.split()).lower() for p in CONVERSION.split(first)]
     pieces = [p for p in pieces if len(p) >= 2]
     return tuple(pieces) if sum(map(len, pieces)) >= MIN_LITERAL else ()
 
@@ -167,6 +171,11 @@ class EmitterTables:
     _forms: tuple[tuple[str, tuple[str, ...], Member], ...] = field(
         init=False, repr=False, compare=False
     )
+    #: the tables a look-up names -> their forms, as in ``_forms`` (longest piece, pieces,
+    #: member): a family of a thousand formats is read without passing over the others
+    _forms_of: dict[tuple[str, ...], tuple[tuple[str, tuple[str, ...], Member], ...]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         names: dict[tuple[str, str], Member] = {}
@@ -178,7 +187,8 @@ class EmitterTables:
                 names.setdefault((table.name, m.name), m)
                 if m.message:
                     messages.setdefault((table.name, _normal(m.message)), m)
-                    if pieces := literal_pieces(m.message):
+                for form in (m.message, *m.forms) if m.message else m.forms:
+                    if pieces := literal_pieces(form):
                         forms.append((table.name, pieces, m))
                 if m.value is not None:
                     values.setdefault((table.name, m.value), m)
@@ -222,10 +232,21 @@ class EmitterTables:
                 return found
         # a message printed from a format ("execve(): %s: %s"), found inside the line
         line = " ".join(code.split()).lower()
-        for table, pieces, member in self._forms:
-            if table in order and _in_order(line, pieces):
+        for longest, pieces, member in self._forms_in(tuple(order)):
+            if longest in line and _in_order(line, pieces):
                 return member
         return None
+
+    def _forms_in(self, order: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...], Member], ...]:
+        found = self._forms_of.get(order)
+        if found is None:
+            found = tuple(
+                (max(pieces, key=len), pieces, member)
+                for table, pieces, member in self._forms
+                if table in order
+            )
+            self._forms_of[order] = found
+        return found
 
     def lookup_text(self, tables: Iterable[str], code: str) -> Member | None:
         """The member of one of ``tables`` whose message ``code`` is, case and spacing aside;
@@ -280,6 +301,12 @@ def _table(name: str, text: str, source: str) -> EmitterTable:
             problems.append(f"{where}: blame_node = true goes with action = requeue_exclude, only")
         if m.blame_node and m.klass not in ("hardware", "system"):
             problems.append(f"{where}: only a hardware or system member blames a node")
+        for form in m.forms:
+            if not literal_pieces(form):
+                problems.append(
+                    f"{where}: form {form!r} has under {MIN_LITERAL} literal characters: a "
+                    "line cannot be told to be it; leave it out"
+                )
     if problems:
         raise EmitterError(*problems)
     members = tuple(
@@ -293,6 +320,7 @@ def _table(name: str, text: str, source: str) -> EmitterTable:
             note=m.note,
             message=m.message,
             value=m.value,
+            forms=m.forms,
         )
         for m in entry.member
     )

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.attribution import coverage_table
-from slurm_recovery.signals.coverage import coverage, mismatch, read_example
+from slurm_recovery.signals.coverage import coverage, form_line, mismatch, read_example
 from slurm_recovery.signals.emitters import (
     EmitterError,
     _table,
@@ -51,6 +51,7 @@ REQUIRED = {
     "ipmi_sel",
     "dcgm_errors",
     "c_runtime",
+    "ibv_event_type",
 }
 
 
@@ -67,6 +68,52 @@ def test_the_catalogue_reads_each_member_as_its_table_says_or_the_docs_say_why(t
     c = coverage(table, CATALOGUE)
     # at least 95 % of each table's classified members read as classified
     assert c.agree >= 0.95 * len(c.classified), (c.disagree, c.unrecognised)
+
+
+@pytest.mark.parametrize("table", TABLES, ids=[t.name for t in TABLES])
+def test_every_other_form_of_a_member_is_read_as_that_member(table) -> None:
+    c = coverage(table, CATALOGUE)
+    assert c.forms == sum(len(m.forms) for m in table.members)
+    assert dict(c.forms_misread) == {}
+
+
+def test_nccl_warn_lists_its_call_sites_in_every_release() -> None:
+    # 993 distinct WARN formats in NCCL 2.3.5-2.30.7 (docs/signatures.md); two have too little
+    # literal text to be told apart ("%s", the macro stub "Call to")
+    warn = next(t for t in TABLES if t.name == "nccl_warn")
+    listed = {m.message for m in warn.members} | {f for m in warn.members for f in m.forms}
+    assert len(listed) >= 980
+    for old in (
+        "NET/IB : Got completion with error %d, opcode %d, len %d, vendor err %d",
+        "Duplicate GPU detected : rank %d and rank %d both on CUDA device %x",
+        "Error while %s shared memory segment %s (size %d)",
+        "NCCL library is too old. This application was compiled with NCCL version %s, but is "
+        "running with NCCL library version %s.",
+    ):
+        assert old in listed, old
+
+
+def test_a_form_line_fills_each_conversion_with_a_value_of_its_kind() -> None:
+    assert form_line("rank %d on %s at %p (%.2f%%)") == "rank 7 on mlx5_0 at 0x7f3a2c0040 (1.5%)"
+
+
+def test_a_form_too_short_to_be_told_apart_is_refused() -> None:
+    bad = """
+emitter = "x"
+source = "y"
+members_total = 1
+
+[[member]]
+name = "m"
+message = "Something failed: %s"
+example = "Something failed: x"
+class = "unknown"
+action = "requeue"
+blame_node = false
+forms = ["%s: %d"]
+"""
+    with pytest.raises(EmitterError, match="under 8 literal characters"):
+        _table("x", bad, "x.toml")
 
 
 def test_the_coverage_table_is_current_in_the_docs() -> None:
