@@ -468,13 +468,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"{' (node fault)' if c.node_fault else ''}, got {v.action} "
                     f"blame={','.join(v.blame_nodes) or '-'} ({v.cause})"
                 )
-    right, allowed, count, roots = root_ceiling(c for c in cases if c.part == "development")
-    print(
-        f"ceiling: development keyed on the root line, each root's cases given their most "
-        f"common label: at best {right} of {count} ({right / max(count, 1):.2f}), {roots} roots; "
-        f"with no node fault stopped and no application fault blamed: at best {allowed} "
-        f"({allowed / max(count, 1):.2f})"
-    )
+    for part in PARTS:
+        # the sealed part's is an aggregate of its labels: it names no case
+        right, allowed, count, roots = root_ceiling(c for c in cases if c.part == part)
+        print(
+            f"ceiling: {part} keyed on the root line, each root's cases given their most "
+            f"common label: at best {right} of {count} ({right / max(count, 1):.2f}), {roots} "
+            f"roots; with no node fault stopped and no application fault blamed: at best "
+            f"{allowed} ({allowed / max(count, 1):.2f})"
+        )
     write_json(args.json, "attribution", figures, args.quick)
     return 0
 
