@@ -135,3 +135,36 @@ def test_an_mpi_abort_after_the_cause_leaves_the_cause_the_root() -> None:
     )
     assert v.action == "stop"
     assert v.signatures[0]["id"] == "cuda.device_assert"
+
+
+# ------------------------------------------------ a launcher's notice that a child ended
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # Open MPI's help text (help-orterun.txt, help-prterun.txt), as mpirun prints it
+        "Primary job  terminated normally, but 1 process returned",
+        "mpirun detected that one or more processes exited with non-zero status, thus causing",
+        "mpiexec detected that one or more processes exited with non-zero status, thus causing",
+        # torch.multiprocessing.spawn's ProcessExitedException
+        "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal "
+        "SIGKILL",
+        "torch.multiprocessing.spawn.ProcessExitedException: process 3 terminated with exit code 1",
+    ],
+)
+def test_a_launcher_s_notice_that_a_child_ended_is_a_symptom(line: str) -> None:
+    # before: Open MPI's notices read as nothing (a job left dead), spawn's as the program's own
+    # exception (stop); alone they are a failure of unknown cause, restarted once, no node blamed
+    v = verdict(line)
+    assert (v.action, v.blame_nodes) == ("requeue", [])
+    assert v.signatures[0]["id"] in ("mpi.launcher_lost", "launcher.child_exit")
+
+
+def test_the_child_s_own_error_beside_a_launcher_s_notice_decides() -> None:
+    v = verdict(
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "Primary job  terminated normally, but 1 process returned",
+        "a non-zero exit code. Per user-direction, the job has been aborted.",
+    )
+    assert v.signatures[0]["id"] == "cuda.illegal_memory_access"
