@@ -143,3 +143,38 @@ UNIQUE_ID = (
 def test_older_pytorch_distributed_words_read_as_the_newer_ones(older: str, newer: str) -> None:
     # before: the older words read as the program's own exception (stop)
     assert _read(older) == _read(newer) == ("requeue", False)
+
+
+@pytest.mark.parametrize(
+    ("older", "newer"),
+    [
+        # the memory cgroup's OOM killer before 4.19 ("Kill process ... or sacrifice child")
+        (
+            "Memory cgroup out of memory: Kill process 1234 (python) score 1000 or sacrifice child",
+            "Memory cgroup out of memory: Killed process 1234 (python) total-vm:123456kB, "
+            "anon-rss:1234kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:1234kB "
+            "oom_score_adj:0",
+        ),
+        (
+            "Out of memory: Kill process 1234 (python) score 900 or sacrifice child",
+            "Out of memory: Killed process 1234 (python) total-vm:123456kB, anon-rss:1234kB, "
+            "file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:1234kB oom_score_adj:0",
+        ),
+        # the block layer's request error before the op and flags were printed
+        (
+            "blk_update_request: critical medium error, dev sda, sector 1234",
+            "critical medium error, dev sda, sector 1234 op 0x0:(READ) flags 0x80700 phys_seg 1 "
+            "prio class 2",
+        ),
+        (
+            "blk_update_request: critical target error, dev sdb, sector 99",
+            "critical target error, dev sdb, sector 99 op 0x1:(WRITE) flags 0x0 phys_seg 1 prio "
+            "class 0",
+        ),
+    ],
+)
+def test_an_older_kernel_s_words_read_as_the_newer_ones(older: str, newer: str) -> None:
+    # before: the cgroup's older OOM line and the older medium/target errors read as nothing
+    # or as an unexplained error line
+    assert _read(older) == _read(newer)
+    assert verdict(older).signatures[0]["id"] != "generic.error_line"
