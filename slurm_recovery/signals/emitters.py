@@ -16,6 +16,10 @@ Two uses:
 - ``tests/unit/test_emitter_coverage.py`` scans every member's example with the shipped
   catalogue and holds the verdict to the member's class and action: the coverage is measured,
   not assumed (``python -m bench.attribution --coverage`` prints the table).
+
+A member that stands for a family (NCCL's WARN call sites, a kernel message whose words changed
+between releases) lists its other printf formats in ``forms``; each is read as the member, and
+the coverage test prints every form with values of its kinds and looks it up.
 """
 
 from __future__ import annotations
