@@ -178,3 +178,25 @@ def test_an_older_kernel_s_words_read_as_the_newer_ones(older: str, newer: str) 
     # or as an unexplained error line
     assert _read(older) == _read(newer)
     assert verdict(older).signatures[0]["id"] != "generic.error_line"
+
+
+def test_a_warning_nccl_carries_on_after_is_nothing() -> None:
+    for words in (
+        "Failed to open libibverbs.so[.1]",
+        "CollNet currently only supports up to 8 GPUs per node, disabling CollNet",
+        "Failed to set CPU affinity",
+    ):
+        assert answer(PREFIX + words) == ("none", []), words
+
+
+def test_a_warning_on_the_way_to_a_failure_does_not_take_the_root_from_the_program_s_error() -> (
+    None
+):
+    # a library NCCL could not load, then the program's own out-of-memory: the program's error
+    # decides (before this step a family read this way was a root of its own, and the restart it
+    # asked for hid the stop)
+    v = verdict(
+        PREFIX + "Failed to open libnvidia-ml.so.1: cannot open shared object file",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    )
+    assert (v.action, v.signatures[0]["id"]) == ("stop", "cuda.out_of_memory")
