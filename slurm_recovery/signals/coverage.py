@@ -31,8 +31,6 @@ class Coverage:
     disagree: Mapping[str, str]
     #: classified members whose example the catalogue does not recognise at all
     unrecognised: tuple[str, ...]
-    #: every member's other formats, counted
-    forms: int = 0
     #: a form -> the member it was looked up as instead of its own ("nothing": no member)
     forms_misread: Mapping[str, str] = field(default_factory=dict)
 
@@ -43,6 +41,11 @@ class Coverage:
     @property
     def unclassified(self) -> tuple[Member, ...]:
         return tuple(m for m in self.table.members if not m.classified)
+
+    @property
+    def forms(self) -> int:
+        """The members' other formats, counted."""
+        return sum(len(m.forms) for m in self.table.members)
 
     @property
     def agree(self) -> int:
@@ -94,10 +97,16 @@ def coverage(table: EmitterTable, catalogue: SignatureCatalogue) -> Coverage:
         wrong = mismatch(member, verdict)
         if wrong:
             disagree[member.name] = wrong
-    forms = [(member, form) for member in table.members for form in member.forms]
+    return Coverage(table, disagree, tuple(unrecognised), misread_forms(table, catalogue))
+
+
+def misread_forms(table: EmitterTable, catalogue: SignatureCatalogue) -> dict[str, str]:
+    """Each of ``table``'s forms that is not looked up as its own member, and what it is looked
+    up as ("nothing": no member)."""
     misread: dict[str, str] = {}
-    for member, form in forms:
-        got = catalogue.emitters.lookup([table.name], form_line(form))
-        if got is not member:
-            misread[form] = got.name if got is not None else "nothing"
-    return Coverage(table, disagree, tuple(unrecognised), len(forms), misread)
+    for member in table.members:
+        for form in member.forms:
+            got = catalogue.emitters.lookup([table.name], form_line(form))
+            if got is not member:
+                misread[form] = got.name if got is not None else "nothing"
+    return misread

@@ -171,12 +171,13 @@ class EmitterTables:
     _prefixes: tuple[tuple[tuple[str, str], Member], ...] = field(
         init=False, repr=False, compare=False
     )
-    #: (table, literal pieces, member), the most literal text first: the most specific form wins
-    _forms: tuple[tuple[str, tuple[str, ...], Member], ...] = field(
+    #: (table, longest literal piece, literal pieces, member), the most literal text first: the
+    #: most specific form wins; the longest piece is looked for first, as the cheapest refusal
+    _forms: tuple[tuple[str, str, tuple[str, ...], Member], ...] = field(
         init=False, repr=False, compare=False
     )
-    #: the tables a look-up names -> their forms, as in ``_forms`` (longest piece, pieces,
-    #: member): a family of a thousand formats is read without passing over the others
+    #: the tables a look-up names -> their forms, as in ``_forms`` without the table: a family
+    #: of a thousand formats is read without passing over the other tables' forms
     _forms_of: dict[tuple[str, ...], tuple[tuple[str, tuple[str, ...], Member], ...]] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
@@ -193,10 +194,10 @@ class EmitterTables:
                     messages.setdefault((table.name, _normal(m.message)), m)
                 for form in (m.message, *m.forms) if m.message else m.forms:
                     if pieces := literal_pieces(form):
-                        forms.append((table.name, pieces, m))
+                        forms.append((table.name, max(pieces, key=len), pieces, m))
                 if m.value is not None:
                     values.setdefault((table.name, m.value), m)
-        forms.sort(key=lambda f: -sum(map(len, f[1])))
+        forms.sort(key=lambda f: -sum(map(len, f[2])))
         prefixes = sorted(messages.items(), key=lambda item: -len(item[0][1]))
         object.__setattr__(self, "_names", names)
         object.__setattr__(self, "_messages", messages)
@@ -245,8 +246,8 @@ class EmitterTables:
         found = self._forms_of.get(order)
         if found is None:
             found = tuple(
-                (max(pieces, key=len), pieces, member)
-                for table, pieces, member in self._forms
+                (longest, pieces, member)
+                for table, longest, pieces, member in self._forms
                 if table in order
             )
             self._forms_of[order] = found

@@ -75,11 +75,6 @@ CUDA_ERRORS = [m for m in load_emitter_tables().tables["cuda_runtime"].members i
 NCCL_RESULTS = [m for m in load_emitter_tables().tables["nccl_result"].members if m.message]
 
 
-def _read(line: str) -> tuple[str, bool]:
-    v = verdict(line)
-    return v.action, bool(v.blame_nodes)
-
-
 @pytest.mark.parametrize("member", CUDA_ERRORS, ids=lambda m: m.name)
 def test_a_cuda_error_reads_the_same_in_every_pytorch_release_s_words(member) -> None:
     # PyTorch 2.x, 1.x's THC exception and THCudaCheck's warning; the THC forms print the number
@@ -92,7 +87,8 @@ def test_a_cuda_error_reads_the_same_in_every_pytorch_release_s_words(member) ->
         f"THCudaCheck FAIL file=/pytorch/aten/src/THC/THCGeneral.cpp line=50 "
         f"error={member.value} : {member.message}",
     ]
-    assert len({_read(line) for line in forms}) == 1, [(line, _read(line)) for line in forms]
+    readings = [answer(line) for line in forms]
+    assert all(r == readings[0] for r in readings), list(zip(forms, readings, strict=True))
 
 
 def test_an_old_cuda_number_beside_its_text_is_read_by_the_text() -> None:
@@ -120,7 +116,8 @@ def test_an_nccl_result_reads_the_same_in_every_pytorch_release_s_words(member) 
         "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
         f"NCCLUtils.hpp:275, {member.message}, NCCL version 2.20.5",
     ]
-    assert len({_read(line) for line in forms}) == 1, [(line, _read(line)) for line in forms]
+    readings = [answer(line) for line in forms]
+    assert all(r == readings[0] for r in readings), list(zip(forms, readings, strict=True))
 
 
 ABORTED = "RuntimeError: NCCL communicator was aborted"
@@ -142,7 +139,7 @@ UNIQUE_ID = (
 )
 def test_older_pytorch_distributed_words_read_as_the_newer_ones(older: str, newer: str) -> None:
     # before: the older words read as the program's own exception (stop)
-    assert _read(older) == _read(newer) == ("requeue", False)
+    assert answer(older) == answer(newer) == ("requeue", [])
 
 
 @pytest.mark.parametrize(
@@ -176,7 +173,7 @@ def test_older_pytorch_distributed_words_read_as_the_newer_ones(older: str, newe
 def test_an_older_kernel_s_words_read_as_the_newer_ones(older: str, newer: str) -> None:
     # before: the cgroup's older OOM line and the older medium/target errors read as nothing
     # or as an unexplained error line
-    assert _read(older) == _read(newer)
+    assert answer(older) == answer(newer)
     assert verdict(older).signatures[0]["id"] != "generic.error_line"
 
 
